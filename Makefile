@@ -1,0 +1,55 @@
+# Boss: the two commands a newcomer needs are `make run` and `make test`; both set themselves up.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON_BOOTSTRAP ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+GENERATED := gen/.generated
+PROTOS := $(shell find protos/boss -name '*.proto')
+export PYTHONPATH := $(CURDIR):$(CURDIR)/gen
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(INSTALLED): requirements.txt requirements-dev.txt
+	@echo "==> creating the virtualenv in $(VENV) and installing pinned dependencies"
+	$(PYTHON_BOOTSTRAP) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	@touch $@
+
+$(GENERATED): $(INSTALLED) $(PROTOS) scripts/generate_protos.sh
+	@echo "==> generating gRPC code from protos/"
+	PYTHON=$(PY) ./scripts/generate_protos.sh
+	@touch $@
+
+setup: $(GENERATED) ## create the virtualenv, install dependencies, generate code
+
+generate: ## regenerate Python code from protos/ (never edit gen/ by hand)
+	PYTHON=$(PY) ./scripts/generate_protos.sh
+	@touch $(GENERATED)
+
+run: setup ## start every service and a worker on the embedded SQLite default, with demo data if needed
+	$(PY) -m services.local_stack
+
+test: setup ## run the whole suite (unit, SQLite + PostgreSQL integration, end to end)
+	$(PY) -m pytest
+
+test-unit: setup ## only the pure unit tests
+	$(PY) -m pytest tests/unit
+
+lint: setup ## ruff, mypy and buf lint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy services worker
+	cd protos && ../$(VENV)/bin/buf lint
+
+bench: setup ## run the benchmarks against PostgreSQL (see bench/RESULTS.md)
+	$(PY) -m bench.run_all
+
+clean: ## remove generated code and local data (keeps the virtualenv)
+	rm -rf gen var protos/third_party
+
+.PHONY: help setup generate run test test-unit lint bench clean

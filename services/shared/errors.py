@@ -1,0 +1,127 @@
+"""Errors that name the offending field, as gRPC rich status (google.rpc.BadRequest + ErrorInfo).
+
+Domain and validation code raises these plain exceptions; the gRPC faces turn them into a
+`google.rpc.Status` (AIP-193: exactly one ErrorInfo, plus BadRequest field violations for bad
+input), and the gateway turns that into `application/problem+json`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+ERROR_DOMAIN = "boss.dev"
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    """One bad field: `field` is its path (e.g. "snapshots[3].captured_at"), `description` why."""
+
+    field: str
+    description: str
+
+
+class BossError(Exception):
+    """Base of errors that map to one gRPC status code and an ErrorInfo `reason`."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    reason: str = "INTERNAL"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason
+
+    def to_status(self) -> status_pb2.Status:
+        """The google.rpc.Status for this error."""
+        info = any_pb2.Any()
+        info.Pack(error_details_pb2.ErrorInfo(reason=self.reason, domain=ERROR_DOMAIN))
+        return status_pb2.Status(code=self.code.value[0], message=self.message, details=[info])
+
+
+class InvalidArgument(BossError):
+    """Bad input; carries every field violation found (INVALID_ARGUMENT)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(self, violations: list[FieldViolation]) -> None:
+        summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
+        super().__init__(f"invalid argument: {summary}")
+        self.violations = violations
+
+    def to_status(self) -> status_pb2.Status:
+        status = super().to_status()
+        bad_request = any_pb2.Any()
+        bad_request.Pack(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                    for v in self.violations
+                ]
+            )
+        )
+        status.details.append(bad_request)
+        return status
+
+
+class PermissionDenied(BossError):
+    """The caller's token does not allow this (PERMISSION_DENIED)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "PERMISSION_DENIED"
+
+
+class Unauthenticated(BossError):
+    """No valid token (UNAUTHENTICATED)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "UNAUTHENTICATED"
+
+
+class NotFound(BossError):
+    """The named resource does not exist (NOT_FOUND)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "NOT_FOUND"
+
+
+class FailedPrecondition(BossError):
+    """The resource is not in a state that allows this (FAILED_PRECONDITION), e.g. an illegal
+    status transition."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "FAILED_PRECONDITION"
+
+
+class AlreadyExists(BossError):
+    """The resource exists already (ALREADY_EXISTS)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "ALREADY_EXISTS"
+
+
+def grpc_status_of(error: BossError) -> grpc.Status:
+    """The grpc.Status (code, message, details trailer) to abort an RPC with."""
+    return rpc_status.to_status(error.to_status())
+
+
+def ok_status() -> status_pb2.Status:
+    """An OK google.rpc.Status."""
+    return status_pb2.Status(code=code_pb2.OK)
+
+
+def field_violations_of(status: status_pb2.Status) -> list[FieldViolation]:
+    """The BadRequest field violations inside a google.rpc.Status (empty when none)."""
+    violations: list[FieldViolation] = []
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad_request = error_details_pb2.BadRequest()
+            detail.Unpack(bad_request)
+            violations.extend(FieldViolation(v.field, v.description) for v in bad_request.field_violations)
+    return violations

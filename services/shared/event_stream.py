@@ -1,0 +1,210 @@
+"""Event streams between contexts: the server side of `WatchEvents`, and a durable consumer.
+
+Publisher: `watch_events()` turns a service's `EventLog` into `EventEnvelope` messages for its
+`WatchEvents(after_sequence)` RPC.
+
+Consumer: `EventConsumer` follows another context's stream and applies events in batches; each batch
+is applied in one transaction of the consumer's own database *together with* the stored cursor
+(`event_cursors`), so a restart of either side loses and repeats nothing. Handlers must still be
+idempotent by sequence for safety, and must not call other services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+import grpc
+from sqlalchemy import Table, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from boss.common.v1 import events_pb2
+from services.shared.db import Database
+from services.shared.outbox import EventLog, NewEvent, StoredEvent
+from services.shared.time import from_timestamp, to_timestamp, utc_now
+
+log = logging.getLogger(__name__)
+
+
+def to_envelope(event: StoredEvent) -> events_pb2.EventEnvelope:
+    """The wire form of a stored event."""
+    return events_pb2.EventEnvelope(
+        sequence=event.sequence,
+        type=event.type,
+        occurred_at=to_timestamp(event.occurred_at),
+        thread_id=event.thread_id,
+        project_id=event.project_id,
+        node_id=event.node_id,
+        payload_json=json.dumps(event.payload, separators=(",", ":")),
+        trace_context=event.trace_context,
+    )
+
+
+def from_envelope(envelope: events_pb2.EventEnvelope) -> StoredEvent:
+    """A stored event from its wire form. Raises ValueError for a payload that is not a JSON object."""
+    payload = json.loads(envelope.payload_json or "{}")
+    if not isinstance(payload, dict):
+        raise ValueError(f"event {envelope.sequence}: payload is not a JSON object")
+    return StoredEvent(
+        sequence=envelope.sequence,
+        type=envelope.type,
+        occurred_at=from_timestamp(envelope.occurred_at),
+        thread_id=envelope.thread_id,
+        project_id=envelope.project_id,
+        node_id=envelope.node_id,
+        payload=payload,
+        trace_context=dict(envelope.trace_context),
+    )
+
+
+async def watch_events(
+    event_log: EventLog, after_sequence: int, types: Sequence[str] = ()
+) -> AsyncIterator[events_pb2.EventEnvelope]:
+    """Envelopes for every event after `after_sequence`, backlog first, then live, until the caller
+    stops (the RPC is cancelled)."""
+    async for stored in event_log.follow(after_sequence, types):
+        yield to_envelope(stored)
+
+
+BatchHandler = Callable[[AsyncConnection, list[StoredEvent]], Awaitable[list[NewEvent]]]
+StreamOpener = Callable[[int], AsyncIterator[events_pb2.EventEnvelope]]
+
+
+class EventConsumer:
+    """Follows one upstream stream into this service's database with a durable cursor.
+
+    Args:
+        stream_name: the cursor's key in `event_cursors`, e.g. "context_budget".
+        database: this service's database.
+        cursors: this service's `event_cursors` table.
+        open_stream: opens the upstream `WatchEvents` after a sequence, yielding envelopes.
+        handle: applies a batch inside the given transaction and returns events to publish from
+            this service's own outbox (written in the same transaction).
+        event_log: this service's outbox, when handlers publish events.
+        batch_size: most events applied per transaction.
+    """
+
+    def __init__(
+        self,
+        *,
+        stream_name: str,
+        database: Database,
+        cursors: Table,
+        open_stream: StreamOpener,
+        handle: BatchHandler,
+        event_log: EventLog | None = None,
+        batch_size: int = 500,
+    ) -> None:
+        self.stream_name = stream_name
+        self._database = database
+        self._cursors = cursors
+        self._open_stream = open_stream
+        self._handle = handle
+        self._event_log = event_log
+        self._batch_size = batch_size
+        self.last_sequence = 0
+        self.applied = asyncio.Condition()
+
+    async def load_cursor(self) -> int:
+        """The last sequence applied (0 when never)."""
+        async with self._database.read() as connection:
+            value = (
+                await connection.execute(
+                    select(self._cursors.c.last_sequence).where(self._cursors.c.stream_name == self.stream_name)
+                )
+            ).scalar_one_or_none()
+        self.last_sequence = int(value or 0)
+        return self.last_sequence
+
+    async def apply(self, batch: list[StoredEvent]) -> None:
+        """Applies a batch and advances the cursor in one transaction; events at or below the cursor
+        are dropped (a replay after reconnect)."""
+        fresh = [event for event in batch if event.sequence > self.last_sequence]
+        if not fresh:
+            return
+        async with self._database.transaction() as connection:
+            stored = (
+                await connection.execute(
+                    select(self._cursors.c.last_sequence)
+                    .where(self._cursors.c.stream_name == self.stream_name)
+                    .with_for_update()
+                )
+            ).scalar_one_or_none()
+            fresh = [event for event in fresh if event.sequence > int(stored or 0)]
+            if not fresh:
+                return
+            published = await self._handle(connection, fresh)
+            if published and self._event_log is not None:
+                await self._event_log.append(connection, published)
+            values = {"last_sequence": fresh[-1].sequence, "updated_at": utc_now()}
+            if stored is None:
+                await connection.execute(self._cursors.insert().values(stream_name=self.stream_name, **values))
+            else:
+                await connection.execute(
+                    self._cursors.update().where(self._cursors.c.stream_name == self.stream_name).values(**values)
+                )
+        if published and self._event_log is not None:
+            self._event_log.kick()
+        async with self.applied:
+            self.last_sequence = fresh[-1].sequence
+            self.applied.notify_all()
+
+    async def wait_for(self, sequence: int, timeout: float = 10.0) -> None:
+        """Waits until the consumer applied `sequence` (for tests and read-your-writes)."""
+        async with self.applied:
+            await asyncio.wait_for(self.applied.wait_for(lambda: self.last_sequence >= sequence), timeout)
+
+    async def run(self) -> None:
+        """Follows the upstream forever: reconnects with backoff (0.2 s doubling to 10 s, jittered)
+        when the upstream is unavailable. Cancel the task to stop."""
+        delay = 0.2
+        while True:
+            try:
+                await self._follow_once()
+                delay = 0.2
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as error:
+                log.warning("%s stream unavailable (%s); retrying in %.1f s", self.stream_name, error.code(), delay)
+            except Exception:
+                log.exception("%s consumer failed; retrying in %.1f s", self.stream_name, delay)
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 10.0)
+
+    async def _follow_once(self) -> None:
+        cursor = await self.load_cursor()
+        queue: asyncio.Queue[StoredEvent | BaseException] = asyncio.Queue(maxsize=self._batch_size * 4)
+
+        async def read() -> None:
+            try:
+                async for envelope in self._open_stream(cursor):
+                    await queue.put(from_envelope(envelope))
+                await queue.put(ConnectionError(f"{self.stream_name} stream ended"))
+            except BaseException as error:  # handed to the applier, which re-raises it
+                await queue.put(error)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                first = await queue.get()
+                if isinstance(first, BaseException):
+                    raise first
+                batch = [first]
+                failure: BaseException | None = None
+                while len(batch) < self._batch_size and not queue.empty():
+                    item = queue.get_nowait()
+                    if isinstance(item, BaseException):
+                        failure = item
+                        break
+                    batch.append(item)
+                await self.apply(batch)
+                if failure is not None:
+                    raise failure
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader

@@ -1,0 +1,126 @@
+"""gRPC server bootstrap shared by every service: grpc.aio, health, reflection, keepalive,
+graceful shutdown on SIGTERM/SIGINT, and the mapping of Boss errors to rich status.
+
+Shutdown order (gRPC's own graceful-shutdown example): health goes NOT_SERVING first so probes and
+load balancers stop sending work, then `server.stop(grace)` lets in-flight RPCs finish for up to
+GRACE_SECONDS, then background tasks are cancelled and the database closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from services.shared.errors import BossError, grpc_status_of
+
+log = logging.getLogger(__name__)
+
+GRACE_SECONDS = 10.0
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+# Keepalive and connection management, from gRPC's keepalive guide. Connections are recycled every
+# 5 minutes (plus 30 s grace) so that clients spread over new replicas behind a Kubernetes Service.
+SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_connection_age_ms", 300_000),
+    ("grpc.max_connection_age_grace_ms", 30_000),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+)
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def translate_errors(method: F) -> F:
+    """Decorates a unary servicer method: a BossError aborts the call with its rich status
+    (code, message, google.rpc details); anything else propagates (gRPC reports UNKNOWN)."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except BossError as error:
+            await context.abort_with_status(grpc_status_of(error))
+
+    return wrapper  # type: ignore[return-value]
+
+
+@dataclass
+class ServiceHost:
+    """Everything one service process runs: its servicers, its background tasks and its cleanup.
+
+    Attributes:
+        name: short service name, e.g. "context_budget".
+        listen: host:port to bind.
+        register: adds the service's servicers to the server.
+        service_names: fully qualified gRPC service names (for health and reflection).
+        background: coroutine factories started after the server (sequencer, consumers...).
+        on_stop: awaited after the server stopped (close databases, flush).
+    """
+
+    name: str
+    listen: str
+    register: Callable[[grpc.aio.Server], None]
+    service_names: Iterable[str]
+    background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    async def start(self) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
+        """Builds and starts the server; returns it, its health servicer and the bound port."""
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.register(server)
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        names = list(self.service_names)
+        reflection.enable_server_reflection((*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                                             reflection.SERVICE_NAME), server)
+        port = server.add_insecure_port(self.listen)
+        if port == 0:
+            raise RuntimeError(f"{self.name}: cannot bind {self.listen}")
+        await server.start()
+        for service_name in ("", *names):
+            await health.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("%s serving on %s", self.name, self.listen)
+        return server, health, port
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Serves until SIGTERM/SIGINT (or `stop` is set), then shuts down gracefully."""
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signal_number in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal_number, stop.set)
+        server, health, _port = await self.start()
+        tasks = [asyncio.create_task(factory(), name=f"{self.name}-background") for factory in self.background]
+        try:
+            waiters = [asyncio.create_task(stop.wait()), *tasks]
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                if finished is not waiters[0] and finished.exception() is not None:
+                    log.error("%s background task failed", self.name, exc_info=finished.exception())
+        finally:
+            log.info("%s shutting down", self.name)
+            await health.enter_graceful_shutdown()
+            await server.stop(GRACE_SECONDS)
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            for cleanup in self.on_stop:
+                await cleanup()
+            log.info("%s stopped", self.name)

@@ -1,0 +1,60 @@
+"""Alembic migrations, one migration folder per service, applied programmatically.
+
+A service's `migrations/env.py` calls `run_alembic_environment(metadata)`; `upgrade_database()` runs
+`alembic upgrade head` for a service (on start in local mode, or through `python -m
+services.<name> migrate` in production). On PostgreSQL the tables and Alembic's version table live in
+the service's own schema; on SQLite in the service's own file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command, context
+from alembic.config import Config
+from sqlalchemy import MetaData, create_engine, text
+from sqlalchemy.engine import make_url
+
+
+def sync_url(url: str) -> str:
+    """The synchronous-driver form of a service URL (migrations run synchronously)."""
+    parsed = make_url(url)
+    if parsed.drivername == "sqlite+aiosqlite":
+        parsed = parsed.set(drivername="sqlite")
+    return parsed.render_as_string(hide_password=False)
+
+
+def upgrade_database(url: str, schema: str, migrations_dir: Path, revision: str = "head") -> None:
+    """Applies a service's migrations up to `revision`. Blocking: run it in a thread from async code.
+
+    Raises alembic / SQLAlchemy errors unchanged when a migration fails (nothing is half-applied on
+    PostgreSQL, whose DDL is transactional).
+    """
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir))
+    config.attributes["url"] = sync_url(url)
+    config.attributes["schema"] = schema
+    command.upgrade(config, revision)
+
+
+def run_alembic_environment(metadata: MetaData) -> None:
+    """The body of every service's `env.py` (online mode only)."""
+    config = context.config
+    url: str = config.attributes.get("url") or config.get_main_option("sqlalchemy.url") or ""
+    schema: str = config.attributes.get("schema") or ""
+    engine = create_engine(url)
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.connect() as connection:
+        if not sqlite and schema:
+            connection.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+            connection.execute(text(f'SET search_path TO "{schema}"'))
+            connection.commit()
+        context.configure(
+            connection=connection,
+            target_metadata=metadata,
+            version_table_schema=None if sqlite or not schema else schema,
+            render_as_batch=sqlite,
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()

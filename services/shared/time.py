@@ -1,0 +1,35 @@
+"""UTC time helpers and protobuf Timestamp conversions (always timezone-aware UTC)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+
+def utc_now() -> datetime:
+    """The current instant, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def to_timestamp(value: datetime | None) -> Timestamp | None:
+    """A protobuf Timestamp for an aware datetime (None stays None). Raises ValueError if naive."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise ValueError("naive datetime: pass a timezone-aware datetime")
+    stamp = Timestamp()
+    stamp.FromDatetime(value.astimezone(UTC))
+    return stamp
+
+
+def from_timestamp(stamp: Timestamp) -> datetime:
+    """An aware UTC datetime from a protobuf Timestamp (`tzinfo=UTC`: the default is naive)."""
+    return stamp.ToDatetime(tzinfo=UTC)
+
+
+def isoformat_utc(value: datetime | None) -> str | None:
+    """RFC 3339 text with a `Z` suffix, or None."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
