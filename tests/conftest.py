@@ -50,8 +50,11 @@ def database_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
         with engine.begin() as connection:
             connection.execute(text(f'CREATE SCHEMA "{schema}"'))
     except Exception as error:  # a clear message beats a stack of driver frames
-        pytest.fail(f"PostgreSQL at {POSTGRES_URL} is not reachable ({error}); start it or set "
-                    "BOSS_TEST_SKIP_POSTGRES=1", pytrace=False)
+        pytest.fail(
+            f"PostgreSQL at {POSTGRES_URL} is not reachable ({error}); start it or set "
+            "BOSS_TEST_SKIP_POSTGRES=1",
+            pytrace=False,
+        )
     try:
         yield DatabaseTarget("postgresql", POSTGRES_URL, schema)
     finally:

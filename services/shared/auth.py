@@ -132,25 +132,43 @@ class TokenAuthority:
     def issue_worker(self, worker_id: str, node_id: str, lifetime: timedelta = timedelta(days=30)) -> str:
         """A worker token bound to `worker_id` on `node_id`."""
         return self.issue(
-            kind="worker", subject=f"worker:{worker_id}", scopes=WORKER_SCOPES,
-            worker_id=worker_id, node_id=node_id, lifetime=lifetime,
+            kind="worker",
+            subject=f"worker:{worker_id}",
+            scopes=WORKER_SCOPES,
+            worker_id=worker_id,
+            node_id=node_id,
+            lifetime=lifetime,
         )
 
     def issue_client(self, owner_id: str, lifetime: timedelta = timedelta(days=30)) -> str:
         """A client (app, console) token for `owner_id`."""
-        return self.issue(kind="client", subject=f"client:{owner_id}", scopes=CLIENT_SCOPES, owner_id=owner_id,
-                          lifetime=lifetime)
+        return self.issue(
+            kind="client",
+            subject=f"client:{owner_id}",
+            scopes=CLIENT_SCOPES,
+            owner_id=owner_id,
+            lifetime=lifetime,
+        )
 
     def issue_service(self, service: str, lifetime: timedelta = timedelta(days=365)) -> str:
         """A token for one Boss service calling another."""
-        return self.issue(kind="service", subject=f"service:{service}", scopes=SERVICE_SCOPES,
-                          owner_id="", lifetime=lifetime)
+        return self.issue(
+            kind="service",
+            subject=f"service:{service}",
+            scopes=SERVICE_SCOPES,
+            owner_id="",
+            lifetime=lifetime,
+        )
 
     def verify(self, token: str) -> Principal:
         """The principal of a valid token. Raises Unauthenticated (expired, bad signature, malformed)."""
         try:
             claims = jwt.decode(
-                token, self._secret, algorithms=[ALGORITHM], audience=AUDIENCE, issuer=ISSUER,
+                token,
+                self._secret,
+                algorithms=[ALGORITHM],
+                audience=AUDIENCE,
+                issuer=ISSUER,
                 options={"require": ["exp", "sub", "iss", "aud"]},
             )
         except jwt.ExpiredSignatureError as error:
@@ -172,8 +190,9 @@ class TokenAuthority:
     def verify_header(self, authorization: str | None) -> Principal:
         """Verifies an `Authorization: Bearer <token>` value. Raises Unauthenticated."""
         if not authorization:
-            raise Unauthenticated("missing authorization: send 'authorization: Bearer <token>'",
-                                  reason="TOKEN_MISSING")
+            raise Unauthenticated(
+                "missing authorization: send 'authorization: Bearer <token>'", reason="TOKEN_MISSING"
+            )
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated("authorization must be 'Bearer <token>'", reason="TOKEN_MISSING")

@@ -19,10 +19,10 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
+from boss.common.v1 import events_pb2
 from sqlalchemy import Table, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from boss.common.v1 import events_pb2
 from services.shared.db import Database
 from services.shared.outbox import EventLog, NewEvent, StoredEvent
 from services.shared.time import from_timestamp, to_timestamp, utc_now
@@ -114,7 +114,9 @@ class EventConsumer:
         async with self._database.read() as connection:
             value = (
                 await connection.execute(
-                    select(self._cursors.c.last_sequence).where(self._cursors.c.stream_name == self.stream_name)
+                    select(self._cursors.c.last_sequence).where(
+                        self._cursors.c.stream_name == self.stream_name
+                    )
                 )
             ).scalar_one_or_none()
         self.last_sequence = int(value or 0)
@@ -142,10 +144,14 @@ class EventConsumer:
                 await self._event_log.append(connection, published)
             values = {"last_sequence": fresh[-1].sequence, "updated_at": utc_now()}
             if stored is None:
-                await connection.execute(self._cursors.insert().values(stream_name=self.stream_name, **values))
+                await connection.execute(
+                    self._cursors.insert().values(stream_name=self.stream_name, **values)
+                )
             else:
                 await connection.execute(
-                    self._cursors.update().where(self._cursors.c.stream_name == self.stream_name).values(**values)
+                    self._cursors.update()
+                    .where(self._cursors.c.stream_name == self.stream_name)
+                    .values(**values)
                 )
         if published and self._event_log is not None:
             self._event_log.kick()
@@ -169,7 +175,9 @@ class EventConsumer:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as error:
-                log.warning("%s stream unavailable (%s); retrying in %.1f s", self.stream_name, error.code(), delay)
+                log.warning(
+                    "%s stream unavailable (%s); retrying in %.1f s", self.stream_name, error.code(), delay
+                )
             except Exception:
                 log.exception("%s consumer failed; retrying in %.1f s", self.stream_name, delay)
             await asyncio.sleep(delay * (0.5 + random.random()))

@@ -86,8 +86,10 @@ class ServiceHost:
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         names = list(self.service_names)
-        reflection.enable_server_reflection((*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                                             reflection.SERVICE_NAME), server)
+        reflection.enable_server_reflection(
+            (*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
         port = server.add_insecure_port(self.listen)
         if port == 0:
             raise RuntimeError(f"{self.name}: cannot bind {self.listen}")
@@ -105,7 +107,9 @@ class ServiceHost:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal_number, stop.set)
         server, health, _port = await self.start()
-        tasks = [asyncio.create_task(factory(), name=f"{self.name}-background") for factory in self.background]
+        tasks = [
+            asyncio.create_task(factory(), name=f"{self.name}-background") for factory in self.background
+        ]
         try:
             waiters = [asyncio.create_task(stop.wait()), *tasks]
             done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)

@@ -67,8 +67,12 @@ def define_outbox_tables(metadata: MetaData) -> tuple[Table, Table, Table]:
         Column("node_id", String(200), nullable=False, default=""),
         Column("payload_json", Text, nullable=False),
         Column("trace_context_json", Text, nullable=False, default="{}"),
-        Index("ix_outbox_events_unsequenced", "id", sqlite_where=text("sequence IS NULL"),
-              postgresql_where=text("sequence IS NULL")),
+        Index(
+            "ix_outbox_events_unsequenced",
+            "id",
+            sqlite_where=text("sequence IS NULL"),
+            postgresql_where=text("sequence IS NULL"),
+        ),
     )
     sequencer = Table(
         "outbox_sequencer",
@@ -156,7 +160,9 @@ class EventLog:
         """Creates the sequencer's single row if missing and loads the last sequence."""
         async with self._database.transaction() as connection:
             current = (
-                await connection.execute(select(self._sequencer.c.last_sequence).where(self._sequencer.c.id == 1))
+                await connection.execute(
+                    select(self._sequencer.c.last_sequence).where(self._sequencer.c.id == 1)
+                )
             ).scalar_one_or_none()
             if current is None:
                 await connection.execute(insert(self._sequencer).values(id=1, last_sequence=0))
@@ -183,7 +189,9 @@ class EventLog:
             count = int(result.rowcount or 0)
             if count:
                 await connection.execute(
-                    self._sequencer.update().where(self._sequencer.c.id == 1).values(last_sequence=last + count)
+                    self._sequencer.update()
+                    .where(self._sequencer.c.id == 1)
+                    .values(last_sequence=last + count)
                 )
         if count:
             async with self._sequenced:

@@ -26,7 +26,9 @@ async def open_log(target: DatabaseTarget) -> tuple[Database, EventLog]:
 
 async def publish(database: Database, event_log: EventLog, *names: str) -> None:
     async with database.transaction() as connection:
-        await event_log.append(connection, [NewEvent("test.happened", {"name": n}, thread_id=n) for n in names])
+        await event_log.append(
+            connection, [NewEvent("test.happened", {"name": n}, thread_id=n) for n in names]
+        )
 
 
 async def test_sequences_are_gap_free_and_resumable(database_target: DatabaseTarget) -> None:
