@@ -97,8 +97,8 @@ class TokenAuthority:
     """Issues and verifies tokens with one shared HS256 secret."""
 
     def __init__(self, secret: str) -> None:
-        if len(secret) < 16:
-            raise ValueError("auth secret too short: use at least 16 characters")
+        if len(secret.encode()) < 32:
+            raise ValueError("auth secret too short: use at least 32 bytes (RFC 7518 §3.2)")
         self._secret = secret
 
     def issue(
