@@ -1,0 +1,1 @@
+"""Reading Codex session (rollout) files: parsing, budget arithmetic, per-thread tracking, following."""
