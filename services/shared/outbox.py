@@ -47,6 +47,18 @@ log = logging.getLogger(__name__)
 
 SEQUENCER_BATCH = 5_000
 SEQUENCER_POLL_SECONDS = 0.1
+# Appends of at least this many events use binary COPY on PostgreSQL.
+COPY_THRESHOLD = 8
+_APPEND_COLUMNS = (
+    "event_type",
+    "occurred_at",
+    "thread_id",
+    "project_id",
+    "node_id",
+    "payload_json",
+    "trace_context_json",
+)
+_APPEND_PG_TYPES = ["text", "timestamptz", "text", "text", "text", "text", "text"]
 
 
 def define_outbox_tables(metadata: MetaData) -> tuple[Table, Table, Table]:
@@ -132,25 +144,49 @@ class EventLog:
         self.last_sequence = 0
 
     async def append(self, connection: AsyncConnection, events: Iterable[NewEvent]) -> int:
-        """Writes events in the caller's transaction; returns how many. Captures the trace context."""
+        """Writes events in the caller's transaction; returns how many. Captures the trace context.
+
+        On PostgreSQL a large append (COPY_THRESHOLD events or more) is one binary COPY: executemany
+        costs a pipelined statement per row, several times the client CPU and server time of COPY.
+        """
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         trace_json = json.dumps(carrier)
         rows = [
-            {
-                "event_type": e.type,
-                "occurred_at": e.occurred_at,
-                "thread_id": e.thread_id,
-                "project_id": e.project_id,
-                "node_id": e.node_id,
-                "payload_json": json.dumps(e.payload, separators=(",", ":"), default=str),
-                "trace_context_json": trace_json,
-            }
+            (
+                e.type,
+                e.occurred_at,
+                e.thread_id,
+                e.project_id,
+                e.node_id,
+                json.dumps(e.payload, separators=(",", ":"), default=str),
+                trace_json,
+            )
             for e in events
         ]
-        if rows:
-            await connection.execute(insert(self._events), rows)
+        if not rows:
+            return 0
+        if len(rows) >= COPY_THRESHOLD and connection.dialect.name == "postgresql":
+            await self._copy(connection, rows)
+        else:
+            await connection.execute(
+                insert(self._events), [dict(zip(_APPEND_COLUMNS, row, strict=True)) for row in rows]
+            )
         return len(rows)
+
+    async def _copy(self, connection: AsyncConnection, rows: list[tuple[Any, ...]]) -> None:
+        """Binary COPY of outbox rows in the connection's transaction (PostgreSQL, psycopg 3)."""
+        raw = await connection.get_raw_connection()
+        driver = raw.driver_connection
+        assert driver is not None
+        columns = ", ".join(_APPEND_COLUMNS)
+        async with (
+            driver.cursor() as cursor,
+            cursor.copy(f"COPY {self._events.name} ({columns}) FROM STDIN (FORMAT BINARY)") as copy,
+        ):
+            copy.set_types(_APPEND_PG_TYPES)
+            for row in rows:
+                await copy.write_row(row)
 
     def kick(self) -> None:
         """Asks the sequencer to run now (call after committing a transaction that appended)."""

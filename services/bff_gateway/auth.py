@@ -1,0 +1,66 @@
+"""Bearer-token authentication for the REST API (a FastAPI dependency).
+
+Tokens are the HS256 JWTs of services.shared.auth, verified with the one shared secret. A missing or
+refused token is 401 problem+json with `WWW-Authenticate: Bearer`; what a verified token may do is
+checked by each route (403). The raw token is kept so it can be forwarded to the backends, which
+enforce their own rules on the same caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from services.bff_gateway.problems import problem_for_boss_error, unauthenticated
+from services.bff_gateway.state import GatewayDep
+from services.shared.auth import Principal
+from services.shared.errors import BossError
+
+bearer_scheme = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearer",
+    bearerFormat="JWT",
+    description=(
+        "A Boss token: `python -m services.bff_gateway token --worker W --node N` or `--client OWNER`."
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A verified caller: who they are and the token to forward to backends."""
+
+    principal: Principal
+    token: str
+
+    def require(self, scope: str) -> None:
+        """Raises 403 problem unless the token carries `scope`."""
+        try:
+            self.principal.require(scope)
+        except BossError as error:
+            raise problem_for_boss_error(error) from error
+
+
+async def authenticated_caller(
+    gateway: GatewayDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)],
+) -> Caller:
+    """The caller of this request. Raises 401 problem when the `Authorization: Bearer` token is
+    missing, malformed, expired or badly signed."""
+    if credentials is None:
+        raise unauthenticated(
+            "missing bearer token: send 'Authorization: Bearer <token>'",
+            token_sent=False,
+            reason="TOKEN_MISSING",
+        )
+    try:
+        principal = gateway.authority.verify(credentials.credentials)
+    except BossError as error:
+        raise problem_for_boss_error(error) from error
+    return Caller(principal=principal, token=credentials.credentials)
+
+
+CallerDep = Annotated[Caller, Depends(authenticated_caller)]

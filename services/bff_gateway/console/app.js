@@ -1,0 +1,263 @@
+// Boss web console: hash-routed views over the gateway's REST API, kept live by one EventSource.
+// Every percent and level shown comes from the server (CB-2); the home list, the project detail and
+// the thread page render the same `percent` and `level` fields with the same ring (CB-16, CB-19).
+"use strict";
+
+const TOKEN_KEY = "boss.token";
+const state = { token: "", lastEventId: "", source: null, reconnectTimer: null, route: null, refreshTimer: null };
+
+function takeToken() {
+  const params = new URLSearchParams(location.search);
+  const fromUrl = params.get("token");
+  if (fromUrl) {
+    localStorage.setItem(TOKEN_KEY, fromUrl);
+    params.delete("token");
+    const query = params.toString();
+    history.replaceState(null, "", location.pathname + (query ? "?" + query : "") + location.hash);
+  }
+  return localStorage.getItem(TOKEN_KEY) || "";
+}
+
+async function api(path) {
+  const response = await fetch(path, { headers: { Authorization: "Bearer " + state.token } });
+  if (!response.ok) {
+    let detail = response.statusText;
+    try { detail = (await response.json()).detail || detail; } catch (_) { /* not JSON */ }
+    const error = new Error(detail);
+    error.status = response.status;
+    throw error;
+  }
+  return response.json();
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === false || value === null || value === undefined) continue;
+    node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child !== null && child !== undefined) node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+// The ring: neutral grey arc proportional to the percent, the percent as text beside it.
+function ring(percent, level, visible, threadId) {
+  const radius = 9, length = 2 * Math.PI * radius;
+  const svgNs = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(svgNs, "svg");
+  svg.setAttribute("viewBox", "0 0 22 22");
+  for (const cls of ["track", "arc"]) {
+    const circle = document.createElementNS(svgNs, "circle");
+    circle.setAttribute("class", cls);
+    circle.setAttribute("cx", "11"); circle.setAttribute("cy", "11"); circle.setAttribute("r", String(radius));
+    circle.setAttribute("fill", "none"); circle.setAttribute("stroke-width", "3");
+    svg.append(circle);
+  }
+  const label = el("span", { class: "percent" });
+  const node = el("span", { class: "ring", "data-thread-id": threadId || "" }, svg, label);
+  node.update = (p, l, v) => {
+    node.hidden = !v;
+    node.dataset.percent = String(p);
+    node.dataset.level = l || "";
+    node.title = v ? `${p}% context left (${l})` : "";
+    label.textContent = v ? `${p}%` : "";
+    svg.querySelector(".arc").setAttribute("stroke-dasharray", `${(length * p) / 100} ${length}`);
+  };
+  node.update(percent, level, visible);
+  return node;
+}
+
+function when(iso) {
+  return iso ? new Date(iso).toLocaleString() : "—";
+}
+
+// --- views ------------------------------------------------------------------------------------------
+
+async function renderHome(view) {
+  const page = await api("/api/v1/conversations?page_size=200");
+  const list = el("ul", { class: "list", id: "conversations" });
+  for (const row of page.conversations) {
+    const indicator = row.context_budget_indicator;
+    const href = "#/projects/" + encodeURIComponent(row.project_id);
+    list.append(el("li", { "data-project-id": row.project_id, "data-type": row.conversation_type },
+      el("a", { href },
+        el("div", { class: "grow" },
+          el("div", { class: "title" }, row.project_title),
+          el("div", { class: "sub" }, row.conversation_type.replace("_", " "),
+            row.latest_reply_at ? " · " + when(row.latest_reply_at) : "")),
+        row.manual_pinned ? el("span", { class: "pin" }, "pinned") : null,
+        ring(indicator.percent, indicator.level, indicator.visible, row.context_budget_thread_id))));
+  }
+  view.replaceChildren(el("h1", {}, "Conversations"), list);
+}
+
+function threadRow(context) {
+  return el("li", { "data-thread-id": context.thread_id },
+    el("a", { href: "#/threads/" + encodeURIComponent(context.thread_id) },
+      el("div", { class: "grow" },
+        el("div", { class: "title" }, context.title || context.thread_id),
+        el("div", { class: "sub" }, `${context.node_id} · ${context.level || "not reported"}`,
+          context.must_finish_before_compaction ? " · must finish before compaction" : "",
+          context.handoff_status !== "none" ? ` · handoff ${context.handoff_status}` : "")),
+      ring(context.percent, context.level, context.reported, context.thread_id)));
+}
+
+async function renderProject(view, projectId) {
+  const project = await api("/api/v1/projects/" + encodeURIComponent(projectId));
+  const threads = el("ul", { class: "list", id: "threads" }, project.active_thread_contexts.map(threadRow));
+  view.replaceChildren(
+    el("h1", { "data-project-id": project.project_id }, project.project_title),
+    el("section", {}, el("h2", {}, "Master agent's strategy"),
+      el("div", { class: "summary", id: "strategy" }, project.master_context_strategy_summary)),
+    el("section", {}, el("h2", {}, "Threads"),
+      el("div", { class: "sub", id: "risk" }, riskText(project)), threads));
+}
+
+function riskText(project) {
+  const parts = [];
+  if (project.next_compaction_risk_thread_id) parts.push("next compaction risk: " + project.next_compaction_risk_thread_id);
+  if (project.threads_requiring_handoff.length) parts.push("handoff required: " + project.threads_requiring_handoff.join(", "));
+  return parts.join(" · ") || "no thread at risk";
+}
+
+async function renderThread(view, threadId) {
+  const page = await api("/api/v1/threads/" + encodeURIComponent(threadId) + "/context-summary");
+  const c = page.context;
+  view.replaceChildren(
+    el("h1", { "data-thread-id": page.thread_id }, page.title, " ", ring(c.percent, c.level, c.reported, page.thread_id)),
+    el("section", {}, el("h2", {}, "Context budget"), el("dl", { id: "budget" },
+      el("dt", {}, "Left"), el("dd", { id: "budget-percent" }, c.reported ? `${c.percent}% (${c.level})` : "not reported"),
+      el("dt", {}, "Node"), el("dd", {}, page.node_id),
+      el("dt", {}, "Expected compaction"), el("dd", {}, when(c.compaction_expected_at)),
+      el("dt", {}, "Last compaction"), el("dd", {}, when(c.last_compaction_at)),
+      el("dt", {}, "Must finish first"), el("dd", {}, c.must_finish_before_compaction ? c.must_finish_reason || "yes" : "no"),
+      el("dt", {}, "Updated"), el("dd", {}, when(c.updated_at)))),
+    el("section", {}, el("h2", {}, "Handoff"),
+      el("div", { id: "handoff", "data-status": page.handoff_status },
+        page.handoff_status === "none" ? "not required" : `${page.handoff_status} ${page.handoff_package_id}`.trim(),
+        page.handoff_reason ? " — " + page.handoff_reason : "")),
+    el("section", {}, el("h2", {}, "Wrap-up checklist"),
+      page.wrap_up_checklist.length
+        ? el("ul", { class: "checklist" }, page.wrap_up_checklist.map(
+          (item) => el("li", { "data-done": item.done }, item.label)))
+        : el("div", { class: "sub" }, "nothing to wrap up yet")));
+}
+
+function parseRoute() {
+  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  if (parts[0] === "projects" && parts[1]) return { name: "project", id: parts[1] };
+  if (parts[0] === "threads" && parts[1]) return { name: "thread", id: parts[1] };
+  return { name: "home" };
+}
+
+async function render() {
+  const view = document.getElementById("view");
+  if (!state.token) {
+    const form = document.getElementById("token-form").content.cloneNode(true);
+    view.replaceChildren(form);
+    view.querySelector("form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      state.token = new FormData(event.target).get("token").trim();
+      localStorage.setItem(TOKEN_KEY, state.token);
+      connect();
+      render();
+    });
+    return;
+  }
+  state.route = parseRoute();
+  try {
+    if (state.route.name === "project") await renderProject(view, state.route.id);
+    else if (state.route.name === "thread") await renderThread(view, state.route.id);
+    else await renderHome(view);
+  } catch (error) {
+    if (error.status === 401) localStorage.removeItem(TOKEN_KEY);
+    view.replaceChildren(el("div", { class: "error" }, `Could not load: ${error.message}`));
+  }
+}
+
+function refreshSoon() {
+  clearTimeout(state.refreshTimer);
+  state.refreshTimer = setTimeout(render, 150);
+}
+
+// --- live updates -------------------------------------------------------------------------------------
+
+function updateRings(threadId, percent, level, visible) {
+  for (const node of document.querySelectorAll(`.ring[data-thread-id="${CSS.escape(threadId)}"]`)) {
+    node.update(percent, level, visible);
+  }
+}
+
+const handlers = {
+  "conversation.context_indicator.updated"(data) {
+    const row = document.querySelector(`li[data-project-id="${CSS.escape(data.project_id)}"] .ring`);
+    const indicator = data.context_budget_indicator;
+    if (row) {
+      row.dataset.threadId = data.thread_id;
+      row.update(indicator.percent, indicator.level, indicator.visible);
+    }
+  },
+  "project.context_risk.updated"(data) {
+    const c = data.thread_context;
+    updateRings(c.thread_id, c.percent, c.level, c.reported);
+    const route = state.route || {};
+    if (route.name === "project" && (route.id === data.project_id || document.querySelector(`h1[data-project-id="${CSS.escape(data.project_id)}"]`))) {
+      const strategy = document.getElementById("strategy");
+      if (strategy) strategy.textContent = data.master_context_strategy_summary;
+      const risk = document.getElementById("risk");
+      if (risk) risk.textContent = riskText(data);
+      const old = document.querySelector(`#threads li[data-thread-id="${CSS.escape(c.thread_id)}"]`);
+      if (old) old.replaceWith(threadRow(c));
+    }
+    if (route.name === "thread" && route.id === c.thread_id) refreshSoon();
+  },
+  "thread.handoff.required"(data) { if (touches(data.thread_id, data.project_ids)) refreshSoon(); },
+  "thread.handoff.ready"(data) { if (touches(data.thread_id, data.project_ids)) refreshSoon(); },
+  "conversation.updated"() { if ((state.route || {}).name === "home") refreshSoon(); },
+  "conversation.message.created"() { if ((state.route || {}).name === "home") refreshSoon(); },
+  "thread.registered"() { if ((state.route || {}).name === "home") refreshSoon(); },
+  "stream.opened"() { refreshSoon(); },
+  "stream.resync"() { refreshSoon(); },
+};
+
+function touches(threadId, projectIds) {
+  const route = state.route || {};
+  return (route.name === "thread" && route.id === threadId) ||
+    (route.name === "project" && (projectIds || []).includes(route.id));
+}
+
+function setLive(liveState) {
+  const badge = document.getElementById("live");
+  badge.dataset.state = liveState;
+  badge.textContent = liveState;
+}
+
+// One EventSource; the browser reconnects by itself with Last-Event-ID after network errors. When
+// the server refused the stream (the source is CLOSED), reconnect ourselves after 3 s, resuming
+// from the last id with ?last_event_id= (a new EventSource cannot send the header).
+function connect() {
+  if (state.source) state.source.close();
+  clearTimeout(state.reconnectTimer);
+  const params = new URLSearchParams({ access_token: state.token });
+  if (state.lastEventId) params.set("last_event_id", state.lastEventId);
+  const source = new EventSource("/api/v1/events?" + params.toString());
+  state.source = source;
+  source.onopen = () => setLive("live");
+  source.onerror = () => {
+    setLive("reconnecting");
+    if (source.readyState === EventSource.CLOSED) state.reconnectTimer = setTimeout(connect, 3000);
+  };
+  for (const [type, handle] of Object.entries(handlers)) {
+    source.addEventListener(type, (event) => {
+      if (event.lastEventId) state.lastEventId = event.lastEventId;
+      handle(JSON.parse(event.data));
+    });
+  }
+}
+
+window.addEventListener("hashchange", render);
+state.token = takeToken();
+if (state.token) connect();
+render();

@@ -1,0 +1,333 @@
+"""`GET /api/v1/events`: the conversations event stream as Server-Sent Events (SPEC CB-15).
+
+Each SSE event is one committed event of the conversations context: `event:` its type, `id:` its
+sequence, `data:` its JSON payload. Resume (WHATWG HTML §9.2.4): a client that reconnects with
+`Last-Event-ID: n` (or `?last_event_id=n` on its first connect) gets exactly the events after n,
+nothing missed, nothing repeated. Rules:
+
+- Auth: `Authorization: Bearer` or `?access_token=` (EventSource cannot set headers); the token
+  needs "events:read". A client sees only its own owner's events.
+- A Last-Event-ID that is not a non-negative integer is 400 problem+json. One beyond the stream's
+  head (e.g. after the database was reset) gets a `stream.resync` event: refetch everything, then
+  continue from the `id` it carries. Never a silent gap.
+- A fresh connect starts with a `stream.opened` event whose id is the current head, so the browser
+  has a resume point even before the first real event.
+- Heartbeat: a `: ping` comment every 15 s (proxies drop idle connections; WHATWG §9.2.7).
+- Headers: `Cache-Control: no-cache`, `X-Accel-Buffering: no` (nginx), no compression.
+- A client that stops reading is disconnected once 1,000 events wait for it; it resumes with its
+  Last-Event-ID like any reconnect.
+
+Fan-out: one `EventHub` per gateway process follows the conversations `WatchEvents` stream with a
+service token and hands every event to the matching subscribers' queues, so 1,000 SSE clients cost
+one upstream stream, not 1,000. Backlog for a resuming client is read with `ListEvents` under the
+client's own token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import grpc
+from boss.common.v1 import events_pb2
+from boss.conversations.v1 import conversations_pb2 as pb
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from services.bff_gateway.problems import (
+    ProblemError,
+    error_responses,
+    invalid_request,
+    problem_for_boss_error,
+    unauthenticated,
+)
+from services.shared.auth import SCOPE_EVENTS_READ, Principal, TokenAuthority, bearer_metadata
+from services.shared.errors import BossError
+from services.shared.time import from_timestamp, isoformat_utc
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["events"])
+
+HEARTBEAT_SECONDS = 15.0
+QUEUE_LIMIT = 1_000
+RETRY_MILLISECONDS = 2_000
+BACKFILL_PAGE = 1_000
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True)
+class HubEvent:
+    """One event as the hub hands it out: sequence, type, owner and the ready-to-send SSE frame."""
+
+    sequence: int
+    type: str
+    owner_id: str
+    frame: bytes
+
+
+def sse_frame(sequence: int, event_type: str, data: dict[str, Any]) -> bytes:
+    """One SSE event: `id`, `event`, one `data` line of compact JSON, blank line."""
+    body = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return f"id: {sequence}\nevent: {event_type}\ndata: {body}\n\n".encode()
+
+
+def hub_event(envelope: events_pb2.EventEnvelope) -> HubEvent:
+    """The hub's form of an envelope; the SSE data is the payload plus `sequence`, `occurred_at`."""
+    payload = json.loads(envelope.payload_json or "{}")
+    if not isinstance(payload, dict):
+        payload = {}
+    data = {
+        **payload,
+        "sequence": envelope.sequence,
+        "occurred_at": isoformat_utc(from_timestamp(envelope.occurred_at)),
+    }
+    return HubEvent(
+        envelope.sequence,
+        envelope.type,
+        str(payload.get("owner_id") or ""),
+        sse_frame(envelope.sequence, envelope.type, data),
+    )
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """One SSE client: its owner (None: every owner, for service tokens) and its queue."""
+
+    owner_id: str | None
+    queue: asyncio.Queue[HubEvent] = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
+    overflowed: bool = False
+
+    def offer(self, event: HubEvent) -> None:
+        """Queues the event if it is this client's; marks the client overflowed when its queue is full."""
+        if self.overflowed or (self.owner_id is not None and event.owner_id != self.owner_id):
+            return
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.overflowed = True
+
+
+class EventHub:
+    """Follows the conversations stream once per process and fans it out to SSE subscribers.
+
+    `position` is the sequence up to which every event has been handed to every subscriber; a
+    subscriber registered at position p receives every event after p.
+    """
+
+    def __init__(self, client: Any, authority: TokenAuthority) -> None:
+        self._client = client
+        self._token = authority.issue_service("bff_gateway")
+        self._subscribers: set[Subscriber] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._started = asyncio.Event()
+        self.position = 0
+
+    @property
+    def subscriber_count(self) -> int:
+        """Connected SSE clients."""
+        return len(self._subscribers)
+
+    async def ensure_started(self) -> None:
+        """Starts following (in the running loop) and waits until the starting head is known.
+        Raises ProblemError (503) when conversations cannot be reached."""
+        if self._task is None or self._task.done():
+            self._started = asyncio.Event()
+            head = await self._head()
+            self.position = head
+            self._task = asyncio.create_task(self._follow(), name="sse-event-hub")
+            self._started.set()
+        await self._started.wait()
+
+    async def _head(self) -> int:
+        response = await self._client.call(
+            "ListEvents", pb.ListEventsRequest(after_sequence=0, page_size=1), self._token
+        )
+        return int(response.head_sequence)
+
+    def subscribe(self, owner_id: str | None) -> tuple[Subscriber, int]:
+        """Registers a subscriber; returns it and the position after which its queue is complete."""
+        subscriber = Subscriber(owner_id)
+        self._subscribers.add(subscriber)
+        return subscriber, self.position
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        """Forgets a subscriber (idempotent)."""
+        self._subscribers.discard(subscriber)
+
+    def publish(self, event: HubEvent) -> None:
+        """Hands an event to every subscriber and advances the position."""
+        if event.sequence <= self.position:
+            return
+        for subscriber in list(self._subscribers):
+            subscriber.offer(event)
+        self.position = event.sequence
+
+    async def _follow(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                call = self._client.stub().WatchEvents(
+                    pb.WatchEventsRequest(after_sequence=self.position), metadata=bearer_metadata(self._token)
+                )
+                async for response in call:
+                    self.publish(hub_event(response.event))
+                    delay = 0.2
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as error:
+                log.warning(
+                    "conversations event stream unavailable (%s); retrying in %.1f s", error.code(), delay
+                )
+            except Exception:
+                log.exception("conversations event stream failed; retrying in %.1f s", delay)
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 10.0)
+
+    async def stop(self) -> None:
+        """Stops following."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+
+def _verify(request: Request, authorization: str | None, access_token: str | None) -> tuple[Principal, str]:
+    authority: TokenAuthority = request.app.state.gateway.authority
+    token = ""
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        if scheme.lower() == "bearer":
+            token = value.strip()
+    token = token or (access_token or "")
+    if not token:
+        raise unauthenticated(
+            "missing token: send 'Authorization: Bearer <token>' or ?access_token=",
+            token_sent=False,
+            reason="TOKEN_MISSING",
+        )
+    try:
+        principal = authority.verify(token)
+        principal.require(SCOPE_EVENTS_READ)
+    except BossError as error:
+        raise problem_for_boss_error(error) from error
+    return principal, token
+
+
+def _parse_last_event_id(header: str | None, query: str | None) -> int | None:
+    raw = header if header not in (None, "") else query
+    if raw in (None, ""):
+        return None
+    text = str(raw).strip()
+    if not text.isdigit() or len(text) > 19:
+        field_name = "Last-Event-ID" if header not in (None, "") else "last_event_id"
+        raise invalid_request(
+            field_name, f"must be a non-negative integer event id, got {raw!r}", reason="BAD_LAST_EVENT_ID"
+        )
+    return int(text)
+
+
+async def _backfill(client: Any, token: str, after: int, until: int) -> AsyncIterator[bytes]:
+    """Frames of the caller's events in (after, until], read page by page with the caller's token."""
+    cursor = after
+    while cursor < until:
+        page = await client.call(
+            "ListEvents", pb.ListEventsRequest(after_sequence=cursor, page_size=BACKFILL_PAGE), token
+        )
+        for envelope in page.events:
+            if envelope.sequence > until:
+                return
+            yield hub_event(envelope).frame
+        if page.scanned_through_sequence <= cursor:
+            return
+        cursor = int(page.scanned_through_sequence)
+
+
+@router.get(
+    "/api/v1/events",
+    summary="Live events (Server-Sent Events), resumable with Last-Event-ID",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "An endless text/event-stream.",
+        },
+        **error_responses(400, 401, 403, 503),
+    },
+)
+async def stream_events(
+    request: Request,
+    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    last_event_id: Annotated[str | None, Query(description="Resume point for a first connect.")] = None,
+    access_token: Annotated[
+        str | None, Query(description="The bearer token (EventSource cannot send headers).")
+    ] = None,
+    authorization: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    """Event types: conversation.context_indicator.updated, project.context_risk.updated,
+    thread.handoff.required, thread.handoff.ready (CB-15), conversation.updated,
+    conversation.message.created, thread.registered, plus stream.opened and stream.resync.
+    See the module docstring for resume, heartbeat and error rules."""
+    principal, token = _verify(request, authorization, access_token)
+    resume_from = _parse_last_event_id(last_event_id_header, last_event_id)
+    hub: EventHub = request.app.state.event_hub
+    client = request.app.state.conversations
+    await hub.ensure_started()
+    owner = principal.owner_id if principal.kind == "client" else None
+    subscriber, position = hub.subscribe(owner)
+    head = position
+    if resume_from is not None and resume_from > position:
+        try:
+            head = int(
+                (
+                    await client.call(
+                        "ListEvents", pb.ListEventsRequest(after_sequence=0, page_size=1), token
+                    )
+                ).head_sequence
+            )
+        except ProblemError:
+            hub.unsubscribe(subscriber)
+            raise
+    heartbeat = float(getattr(request.app.state, "sse_heartbeat_seconds", HEARTBEAT_SECONDS))
+
+    async def frames() -> AsyncIterator[bytes]:
+        try:
+            yield f"retry: {RETRY_MILLISECONDS}\n\n".encode()
+            cursor = position
+            if resume_from is None:
+                yield sse_frame(position, "stream.opened", {"head_sequence": position})
+            elif resume_from > head:
+                yield sse_frame(
+                    max(head, position),
+                    "stream.resync",
+                    {"reason": "last_event_id_unknown", "last_event_id": resume_from, "head_sequence": head},
+                )
+                cursor = max(head, position)
+            elif resume_from < position:
+                async for frame in _backfill(client, token, resume_from, position):
+                    yield frame
+            else:
+                cursor = resume_from
+            while True:
+                if subscriber.overflowed:
+                    log.warning("SSE client fell %d events behind; closing so it resumes", QUEUE_LIMIT)
+                    return
+                try:
+                    event = await asyncio.wait_for(subscriber.queue.get(), heartbeat)
+                except TimeoutError:
+                    yield b": ping\n\n"
+                    continue
+                if event.sequence > cursor:
+                    cursor = event.sequence
+                    yield event.frame
+        finally:
+            hub.unsubscribe(subscriber)
+
+    return StreamingResponse(frames(), media_type="text/event-stream; charset=utf-8", headers=SSE_HEADERS)

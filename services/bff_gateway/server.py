@@ -1,0 +1,147 @@
+"""Composition root of the gateway: `create_app` wires settings, auth, backend clients, routers,
+problem+json errors and the OpenAPI document; `serve` runs it under uvicorn.
+
+Later issues add their clients to GatewayState (conversations; the scheduler is in routers/handoff.py)
+and their routers (conversations, SSE, web console) here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+import uvicorn
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from services.bff_gateway.clients import (
+    ChannelSlot,
+    ContextBudgetClient,
+    WrapUpSource,
+    open_channel,
+)
+from services.bff_gateway.problems import BodySizeLimit, install_problem_handlers, use_problem_media_type
+from services.bff_gateway.routers import conversations, handoff, health, threads, workers
+from services.bff_gateway.settings import GatewaySettings, split_host_port
+from services.bff_gateway.state import GatewayState
+from services.shared import config
+from services.shared.auth import TokenAuthority
+
+log = logging.getLogger(__name__)
+
+API_TITLE = "Boss gateway"
+API_VERSION = "1.0.0"
+API_DESCRIPTION = (
+    "REST face of the Boss control plane. Errors are application/problem+json (RFC 9457) with the "
+    "offending fields in `errors`. Instants are RFC 3339; answers are in UTC with `Z`."
+)
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    context_budget_channel: grpc.aio.Channel | None = None,
+    wrap_up_source: WrapUpSource | None = None,
+    scheduler_channel: grpc.aio.Channel | None = None,
+) -> FastAPI:
+    """The gateway's FastAPI app.
+
+    Args:
+        settings: listen address, backend addresses, auth secret, limits.
+        context_budget_channel: a grpc.aio channel to context_budget, owned by the caller. When None,
+            the app opens one to `settings.context_budget_address` inside its event loop (at
+            startup, or at first use when no lifespan runs) and closes it at shutdown.
+        wrap_up_source: where CB-14's wrap-up checklist and handoff package come from (by default
+            the scheduler, see routers/handoff.py).
+        scheduler_channel: a grpc.aio channel to the scheduler, owned by the caller; when None one is
+            opened to BOSS_SCHEDULER_ADDRESS on first use. Serves the handoff routes and, unless
+            `wrap_up_source` is given, CB-14's checklist and package status.
+    """
+    slot = ChannelSlot(target=settings.context_budget_address, channel=context_budget_channel)
+    scheduler_slot = ChannelSlot(target=config.service_address("scheduler"), channel=scheduler_channel)
+    scheduler = handoff.SchedulerClient(slot=scheduler_slot, timeout_seconds=settings.rpc_timeout_seconds)
+    state = GatewayState(
+        settings=settings,
+        authority=TokenAuthority(settings.auth_secret),
+        context_budget=ContextBudgetClient(slot=slot, timeout_seconds=settings.rpc_timeout_seconds),
+        wrap_up=wrap_up_source or handoff.SchedulerWrapUpSource(scheduler),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        slot.get()
+        try:
+            yield
+        finally:
+            await slot.close()
+            await scheduler_slot.close()
+
+    app = FastAPI(
+        title=API_TITLE,
+        version=API_VERSION,
+        description=API_DESCRIPTION,
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.gateway = state
+    install_problem_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(health.router)
+    app.include_router(workers.router)
+    app.include_router(threads.router)
+    handoff.install(app, scheduler)
+    conversations.install(app)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            app.openapi_schema = use_problem_media_type(document)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) -> None:
+    """Serves the gateway on `settings.listen` until SIGTERM/SIGINT (or `stop` is set).
+
+    The context_budget channel is opened here, in the serving loop, and closed after uvicorn's
+    graceful shutdown (in-flight requests get up to 10 s).
+    """
+    host, port = split_host_port(settings.listen)
+    channel = open_channel(settings.context_budget_address)
+    app = create_app(settings, context_budget_channel=channel)
+    _instrument(app)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=10)
+    )
+    watcher = asyncio.create_task(_stop_when(stop, server)) if stop is not None else None
+    try:
+        log.info(
+            "gateway serving on %s (context_budget at %s)", settings.listen, settings.context_budget_address
+        )
+        await server.serve()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        await channel.close()
+
+
+async def _stop_when(stop: asyncio.Event, server: uvicorn.Server) -> None:
+    """Asks uvicorn to exit once `stop` is set."""
+    await stop.wait()
+    server.should_exit = True
+
+
+def _instrument(app: FastAPI) -> None:
+    """Adds OpenTelemetry HTTP spans (gRPC client spans come from configure_telemetry)."""
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz")

@@ -1,0 +1,1 @@
+"""Adapters of the context budget service: SQLAlchemy tables and repository, protobuf mapping."""

@@ -1,0 +1,1 @@
+"""Revisions of the context_budget schema, oldest first."""

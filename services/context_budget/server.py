@@ -1,0 +1,179 @@
+"""Composition root of the context_budget service: database, outbox, handlers, batcher, servicer, host.
+
+In-process use (tests, the local launcher)::
+
+    settings = ServiceSettings(service="context_budget", database_url=url, listen="127.0.0.1:0",
+                               migrate_on_start=True, auth_secret=secret)
+    service = build_service(settings)           # or build_service(settings, schema="cb_test_1")
+    port = await service.start()                # migrates (if asked), serves, runs the sequencer
+    ...                                         # grpc.aio.insecure_channel(service.address)
+    await service.stop()
+
+As a process: `python -m services.context_budget serve` (`service.run()`: serves until SIGTERM, with
+graceful shutdown) and `python -m services.context_budget migrate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import grpc
+from boss.context_budget.v1 import context_budget_pb2_grpc as pb_grpc
+
+from services.context_budget import GRPC_SERVICE_NAME, SERVICE_NAME
+from services.context_budget.adapters.repository import SqlAlchemyContextRepository
+from services.context_budget.adapters.tables import metadata
+from services.context_budget.batcher import IngestBatcher
+from services.context_budget.domain.alerts import DEFAULT_COMPACTION_RISK_HORIZON
+from services.context_budget.domain.ingest import IngestOutcome
+from services.context_budget.domain.model import Snapshot
+from services.context_budget.domain.paging import PageTokenCodec
+from services.context_budget.handlers import ContextBudgetHandlers
+from services.context_budget.servicer import ContextBudgetServicer
+from services.shared.auth import TokenAuthority
+from services.shared.config import ServiceSettings
+from services.shared.db import Database
+from services.shared.grpc_server import ServiceHost
+from services.shared.migrations import upgrade_database
+from services.shared.outbox import EventLog
+from services.shared.time import utc_now
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+
+async def migrate(database_url: str, schema: str = SERVICE_NAME) -> None:
+    """Applies the service's Alembic migrations (PostgreSQL: into `schema`). Raises on failure."""
+    await asyncio.to_thread(upgrade_database, database_url, schema, MIGRATIONS_DIR)
+
+
+@dataclass
+class ContextBudgetService:
+    """A wired context_budget service and its lifecycle (see the module docstring)."""
+
+    settings: ServiceSettings
+    schema: str
+    database: Database
+    event_log: EventLog
+    handlers: ContextBudgetHandlers
+    batcher: IngestBatcher[Snapshot, IngestOutcome]
+    servicer: ContextBudgetServicer
+    authority: TokenAuthority
+    host: ServiceHost
+    port: int = 0
+    _server: grpc.aio.Server | None = field(default=None, repr=False)
+    _tasks: list[asyncio.Future[None]] = field(default_factory=list, repr=False)
+
+    @property
+    def address(self) -> str:
+        """host:port clients dial once started (the bound port replaces a requested port 0)."""
+        host = self.settings.listen.rsplit(":", 1)[0]
+        if host in {"0.0.0.0", "[::]", ""}:
+            host = "127.0.0.1"
+        return f"{host}:{self.port}"
+
+    async def migrate(self) -> None:
+        """Applies the migrations to this service's database and schema."""
+        await migrate(self.settings.database_url, self.schema)
+
+    async def start(self) -> int:
+        """Migrates (when settings.migrate_on_start), starts serving and the outbox sequencer;
+        returns the bound port."""
+        if self.settings.migrate_on_start:
+            await self.migrate()
+        await self.event_log.ensure_sequencer_row()
+        self._server, _health, self.port = await self.host.start()
+        self._tasks = [asyncio.ensure_future(factory()) for factory in self.host.background]
+        return self.port
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stops serving (in-flight RPCs get `grace` seconds), the background tasks, the batcher
+        (queued snapshots are still committed) and the database."""
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        for cleanup in self.host.on_stop:
+            await cleanup()
+
+    async def run(self) -> None:
+        """Migrates (when asked) and serves until SIGTERM/SIGINT, then shuts down gracefully."""
+        if self.settings.migrate_on_start:
+            await self.migrate()
+        await self.host.run()
+
+
+def build_service(
+    settings: ServiceSettings,
+    *,
+    schema: str = SERVICE_NAME,
+    clock: Callable[[], datetime] = utc_now,
+    compaction_risk_horizon: timedelta = DEFAULT_COMPACTION_RISK_HORIZON,
+    batch_max_items: int = 2_000,
+    batch_max_wait_seconds: float = 0.001,
+    batch_max_delay_seconds: float = 0.005,
+) -> ContextBudgetService:
+    """Wires the service from `settings` (nothing runs until `start()` or `run()`).
+
+    Args:
+        settings: database URL, listen address (port 0 picks a free port), migrate flag, auth secret.
+        schema: PostgreSQL schema of the tables (tests use a unique one per test); ignored on SQLite.
+        clock: the server clock (aware UTC).
+        compaction_risk_horizon: compaction_expected_at this close to captured_at opens compaction_risk.
+        batch_max_items / batch_max_wait_seconds / batch_max_delay_seconds: group-commit limits
+            (batcher.py).
+    """
+    database = Database.connect(settings.database_url, schema)
+    event_log = EventLog(database, metadata)
+    handlers = ContextBudgetHandlers(
+        database,
+        SqlAlchemyContextRepository(database.dialect),
+        event_log,
+        clock=clock,
+        compaction_risk_horizon=compaction_risk_horizon,
+    )
+    batcher: IngestBatcher[Snapshot, IngestOutcome] = IngestBatcher(
+        handlers.ingest,
+        max_items=batch_max_items,
+        max_wait_seconds=batch_max_wait_seconds,
+        max_delay_seconds=batch_max_delay_seconds,
+    )
+    authority = TokenAuthority(settings.auth_secret)
+    servicer = ContextBudgetServicer(
+        handlers, batcher, event_log, authority, PageTokenCodec(settings.auth_secret)
+    )
+
+    def register(server: grpc.aio.Server) -> None:
+        pb_grpc.add_ContextBudgetServiceServicer_to_server(servicer, server)
+
+    host = ServiceHost(
+        name=SERVICE_NAME,
+        listen=settings.listen,
+        register=register,
+        service_names=[GRPC_SERVICE_NAME],
+        background=[event_log.run_sequencer],
+        on_stop=[batcher.close, database.dispose],
+    )
+    return ContextBudgetService(
+        settings=settings,
+        schema=schema,
+        database=database,
+        event_log=event_log,
+        handlers=handlers,
+        batcher=batcher,
+        servicer=servicer,
+        authority=authority,
+        host=host,
+    )

@@ -1,0 +1,1 @@
+"""Storage adapters of the conversations context (SQLAlchemy Core on SQLite and PostgreSQL)."""

@@ -1,0 +1,285 @@
+"""SqlAlchemyConversationsRepository: reads and writes of the conversations tables inside a caller's
+transaction (the unit of work is `Database.transaction()`), plus row -> domain conversions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, false, func, insert, or_, select, update
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.conversations.adapters.tables import messages, project_threads, projects, threads
+from services.conversations.domain.model import (
+    HANDOFF_NONE,
+    Indicator,
+    SortKey,
+    ThreadBudget,
+    ThreadView,
+)
+
+Row = RowMapping
+
+
+def budget_of(row: Mapping[Any, Any]) -> ThreadBudget | None:
+    """The thread's latest budget from its row; None before its first report."""
+    if row["remaining_pct"] is None or row["captured_at"] is None:
+        return None
+    return ThreadBudget(
+        remaining_pct=float(row["remaining_pct"]),
+        level=row["level"],
+        node_id=row["budget_node_id"] or row["node_id"],
+        updated_at=row["budget_updated_at"] or row["captured_at"],
+        captured_at=row["captured_at"],
+        snapshot_version=int(row["snapshot_version"] or 0),
+        must_finish_before_compaction=bool(row["must_finish_before_compaction"]),
+        must_finish_reason=row["must_finish_reason"] or "",
+        compaction_expected_at=row["compaction_expected_at"],
+        last_compaction_at=row["last_compaction_at"],
+        compaction_count=int(row["compaction_count"] or 0),
+        estimated_remaining_turns=row["estimated_remaining_turns"],
+        master_actions=tuple(json.loads(row["master_actions_json"] or "[]")),
+    )
+
+
+def budget_columns(budget: ThreadBudget) -> dict[str, Any]:
+    """The `threads` columns that store a budget."""
+    return {
+        "remaining_pct": budget.remaining_pct,
+        "level": budget.level,
+        "budget_node_id": budget.node_id,
+        "must_finish_before_compaction": budget.must_finish_before_compaction,
+        "must_finish_reason": budget.must_finish_reason,
+        "compaction_expected_at": budget.compaction_expected_at,
+        "last_compaction_at": budget.last_compaction_at,
+        "compaction_count": budget.compaction_count,
+        "estimated_remaining_turns": budget.estimated_remaining_turns,
+        "snapshot_version": budget.snapshot_version,
+        "captured_at": budget.captured_at,
+        "budget_updated_at": budget.updated_at,
+        "master_actions_json": json.dumps(list(budget.master_actions)),
+    }
+
+
+def indicator_columns(indicator: Indicator) -> dict[str, Any]:
+    """The `projects` columns that store the ring (the shown thread id is kept even when hidden)."""
+    return {
+        "indicator_visible": indicator.visible,
+        "indicator_percent": indicator.percent,
+        "indicator_level": indicator.level,
+        "indicator_source_node_id": indicator.source_node_id,
+        "indicator_updated_at": indicator.updated_at,
+        "indicator_must_finish": indicator.must_finish_before_compaction,
+    }
+
+
+def indicator_of(row: Mapping[Any, Any]) -> Indicator:
+    """The ring stored on a project row."""
+    if not row["indicator_visible"]:
+        return Indicator(visible=False)
+    return Indicator(
+        visible=True,
+        percent=int(row["indicator_percent"]),
+        level=row["indicator_level"],
+        thread_id=row["indicator_thread_id"],
+        source_node_id=row["indicator_source_node_id"],
+        updated_at=row["indicator_updated_at"],
+        must_finish_before_compaction=bool(row["indicator_must_finish"]),
+    )
+
+
+def view_of(row: Mapping[Any, Any]) -> ThreadView:
+    """A thread row as the risk rules see it."""
+    return ThreadView(
+        thread_id=row["thread_id"],
+        title=row["title"],
+        node_id=row["node_id"],
+        worker_id=row["worker_id"],
+        budget=budget_of(row),
+        handoff_status=row["handoff_status"] or HANDOFF_NONE,
+    )
+
+
+class SqlAlchemyConversationsRepository:
+    """Every statement of the conversations context, on one open connection (one transaction)."""
+
+    def __init__(self, connection: AsyncConnection) -> None:
+        self.connection = connection
+
+    async def thread(self, thread_id: str) -> Row | None:
+        """One thread row, or None."""
+        result = await self.connection.execute(select(threads).where(threads.c.thread_id == thread_id))
+        return result.mappings().one_or_none()
+
+    async def threads_by_id(self, thread_ids: Iterable[str]) -> dict[str, Row]:
+        """Thread rows by id (unknown ids are absent)."""
+        ids = list(set(thread_ids))
+        if not ids:
+            return {}
+        result = await self.connection.execute(select(threads).where(threads.c.thread_id.in_(ids)))
+        return {row["thread_id"]: row for row in result.mappings()}
+
+    async def insert_thread(self, values: dict[str, Any]) -> None:
+        """Inserts a thread row (budget columns take their defaults)."""
+        defaults = {
+            "remaining_pct": None,
+            "level": "",
+            "budget_node_id": "",
+            "must_finish_before_compaction": False,
+            "must_finish_reason": "",
+            "compaction_count": 0,
+            "snapshot_version": 0,
+            "master_actions_json": "[]",
+            "handoff_status": HANDOFF_NONE,
+            "handoff_package_id": "",
+            "handoff_reason": "",
+            "checklist_done_json": "[]",
+            "archived_at": None,
+            "is_master_main_thread": False,
+            "single_device_project_id": "",
+        }
+        await self.connection.execute(insert(threads).values({**defaults, **values}))
+
+    async def update_thread(self, thread_id: str, values: dict[str, Any]) -> None:
+        """Updates columns of one thread."""
+        await self.connection.execute(update(threads).where(threads.c.thread_id == thread_id).values(values))
+
+    async def project(self, project_id: str) -> Row | None:
+        """One project row, or None."""
+        result = await self.connection.execute(select(projects).where(projects.c.project_id == project_id))
+        return result.mappings().one_or_none()
+
+    async def projects_by_id(self, project_ids: Iterable[str]) -> list[Row]:
+        """Project rows for the ids (unknown ids are absent), by id."""
+        ids = sorted(set(project_ids))
+        if not ids:
+            return []
+        result = await self.connection.execute(
+            select(projects).where(projects.c.project_id.in_(ids)).order_by(projects.c.project_id)
+        )
+        return list(result.mappings())
+
+    async def insert_project(self, values: dict[str, Any]) -> None:
+        """Inserts a project row; the ring starts hidden."""
+        defaults = {
+            "manual_pinned": False,
+            "latest_reply_at": None,
+            "archived_at": None,
+            "indicator_thread_id": "",
+            "indicator_visible": False,
+            "indicator_percent": 0,
+            "indicator_level": "",
+            "indicator_source_node_id": "",
+            "indicator_updated_at": None,
+            "indicator_must_finish": False,
+            "strategy_summary": "",
+        }
+        await self.connection.execute(insert(projects).values({**defaults, **values}))
+
+    async def update_project(self, project_id: str, values: dict[str, Any]) -> None:
+        """Updates columns of one project."""
+        await self.connection.execute(
+            update(projects).where(projects.c.project_id == project_id).values(values)
+        )
+
+    async def add_member(self, project_id: str, thread_id: str, joined_at: datetime) -> None:
+        """Adds a thread to a project (no-op when it is a member already)."""
+        exists = await self.connection.execute(
+            select(project_threads.c.thread_id).where(
+                project_threads.c.project_id == project_id, project_threads.c.thread_id == thread_id
+            )
+        )
+        if exists.first() is None:
+            await self.connection.execute(
+                insert(project_threads).values(
+                    project_id=project_id, thread_id=thread_id, joined_at=joined_at
+                )
+            )
+
+    async def project_ids_of_threads(self, thread_ids: Sequence[str]) -> dict[str, list[str]]:
+        """For each thread id, the projects it belongs to (sorted)."""
+        if not thread_ids:
+            return {}
+        result = await self.connection.execute(
+            select(project_threads.c.thread_id, project_threads.c.project_id)
+            .where(project_threads.c.thread_id.in_(list(set(thread_ids))))
+            .order_by(project_threads.c.project_id)
+        )
+        found: dict[str, list[str]] = {thread_id: [] for thread_id in thread_ids}
+        for thread_id, project_id in result:
+            found[thread_id].append(project_id)
+        return found
+
+    async def member_threads(self, project_id: str) -> list[Row]:
+        """The thread rows of a project (archived ones included), by thread id."""
+        result = await self.connection.execute(
+            select(threads)
+            .join(project_threads, project_threads.c.thread_id == threads.c.thread_id)
+            .where(project_threads.c.project_id == project_id)
+            .order_by(threads.c.thread_id)
+        )
+        return list(result.mappings())
+
+    async def projects_showing_thread(self, thread_id: str) -> list[Row]:
+        """Projects whose ring shows `thread_id` (its single_device project, the master project)."""
+        result = await self.connection.execute(
+            select(projects)
+            .where(projects.c.indicator_thread_id == thread_id)
+            .order_by(projects.c.project_id)
+        )
+        return list(result.mappings())
+
+    async def master_project(self, owner_id: str, project_id: str) -> Row | None:
+        """The owner's master agent project, or None."""
+        result = await self.connection.execute(
+            select(projects).where(projects.c.project_id == project_id, projects.c.owner_id == owner_id)
+        )
+        return result.mappings().one_or_none()
+
+    async def home_list(self, owner_id: str, limit: int, after: SortKey | None) -> list[Row]:
+        """Up to `limit` live (unarchived) projects of the owner in home-list order, after `after`.
+
+        Order: manual_pinned DESC, sort_at DESC, project_id DESC (one index: ix_projects_home_list).
+        """
+        query = select(projects).where(projects.c.owner_id == owner_id, projects.c.archived_at.is_(None))
+        if after is not None:
+            pinned = projects.c.manual_pinned == after.pinned
+            query = query.where(
+                or_(
+                    (projects.c.manual_pinned == False) if after.pinned else false(),  # noqa: E712
+                    and_(pinned, projects.c.sort_at < after.sort_at),
+                    and_(
+                        pinned, projects.c.sort_at == after.sort_at, projects.c.project_id < after.project_id
+                    ),
+                )
+            )
+        query = query.order_by(
+            projects.c.manual_pinned.desc(), projects.c.sort_at.desc(), projects.c.project_id.desc()
+        ).limit(limit)
+        return list((await self.connection.execute(query)).mappings())
+
+    async def insert_message(self, values: dict[str, Any]) -> None:
+        """Stores one message."""
+        await self.connection.execute(insert(messages).values(values))
+
+    async def messages_after(self, project_id: str, after_id: int, limit: int) -> list[Row]:
+        """Up to `limit` messages of a project with internal id > after_id, oldest first."""
+        result = await self.connection.execute(
+            select(messages)
+            .where(messages.c.project_id == project_id, messages.c.id > after_id)
+            .order_by(messages.c.id)
+            .limit(limit)
+        )
+        return list(result.mappings())
+
+    async def count_projects(self, owner_id: str) -> int:
+        """How many live projects the owner has."""
+        result = await self.connection.execute(
+            select(func.count())
+            .select_from(projects)
+            .where(projects.c.owner_id == owner_id, projects.c.archived_at.is_(None))
+        )
+        return int(result.scalar_one())

@@ -1,0 +1,1 @@
+"""Pure rules of the conversations context: no I/O, tested with plain values."""

@@ -1,0 +1,320 @@
+"""The conversations context's values and rules: threads, projects, the home-list ring (CB-12, CB-16),
+the project detail's risk view (CB-13) and the wrap-up checklist (CB-14, CB-18).
+
+Everything here is pure: dataclasses in, dataclasses out, no clock reads except through arguments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+MASTER_AGENT = "master_agent"
+SINGLE_DEVICE = "single_device"
+GROUP = "group"
+CONVERSATION_TYPES = (MASTER_AGENT, SINGLE_DEVICE, GROUP)
+
+LEVELS = ("safe", "watch", "urgent", "critical")
+"""Context budget levels, healthiest first (CB-7)."""
+
+RING_STYLE = "ring_percent"
+DEFAULT_OWNER_ID = "local"
+MASTER_ALIAS = "master-agent"
+"""The project id clients use for their master agent conversation (CHAT-2's path)."""
+
+HANDOFF_NONE = "none"
+HANDOFF_REQUIRED = "required"
+HANDOFF_READY = "ready"
+
+AUTHOR_KINDS = ("user", "thread", "master", "system")
+MAX_ID_LENGTH = 200
+MAX_TITLE_LENGTH = 200
+MAX_MESSAGE_LENGTH = 100_000
+
+
+def single_device_project_id(owner_id: str, thread_id: str) -> str:
+    """The deterministic id of a thread's own project: "proj-" + 20 hex digits of SHA-1(owner, thread).
+
+    Deterministic so that a repeated registration (or a budget report racing it) lands on one project.
+    """
+    digest = hashlib.sha1(f"{owner_id}\x00{thread_id}".encode()).hexdigest()[:20]
+    return f"proj-{digest}"
+
+
+def master_project_id(owner_id: str) -> str:
+    """The id of an owner's master agent project: "master-" + 20 hex digits of SHA-1(owner)."""
+    return "master-" + hashlib.sha1(owner_id.encode()).hexdigest()[:20]
+
+
+def conversation_id_of(project_id: str) -> str:
+    """The home-list row id of a project (seed §6.1 uses "conv-proj-001")."""
+    return f"conv-{project_id}"
+
+
+def default_title(thread_id: str, codex_folder: str) -> str:
+    """A thread's title when the worker gave none: the folder's last component, else the thread id."""
+    folder = codex_folder.rstrip("/\\")
+    name = folder.replace("\\", "/").rsplit("/", 1)[-1] if folder else ""
+    return (name or thread_id)[:MAX_TITLE_LENGTH]
+
+
+def display_percent(remaining_pct: float) -> int:
+    """The whole percent shown on every ring (home list, project detail, thread page: CB-16, CB-19).
+
+    Rounded *down* and clamped to 0-100, so a thread is never shown healthier than it is (59.9 % shows
+    59, the same side of the 60 % safe threshold as the level).
+    """
+    if math.isnan(remaining_pct):
+        return 0
+    return max(0, min(100, math.floor(remaining_pct)))
+
+
+@dataclass(frozen=True)
+class ThreadBudget:
+    """The latest context budget of one thread, as context_budget published it.
+
+    Attributes:
+        remaining_pct: percent 0-100 of the usable context left (SPEC D-1).
+        level: "safe" | "watch" | "urgent" | "critical" (the server's classification).
+        updated_at: when context_budget committed the reading (UTC).
+        captured_at: when the worker took the reading (UTC); orders readings.
+    """
+
+    remaining_pct: float
+    level: str
+    node_id: str
+    updated_at: datetime
+    captured_at: datetime
+    snapshot_version: int = 0
+    must_finish_before_compaction: bool = False
+    must_finish_reason: str = ""
+    compaction_expected_at: datetime | None = None
+    last_compaction_at: datetime | None = None
+    compaction_count: int = 0
+    estimated_remaining_turns: int | None = None
+    master_actions: tuple[str, ...] = ()
+
+    @property
+    def percent(self) -> int:
+        """The whole percent shown on rings."""
+        return display_percent(self.remaining_pct)
+
+    def is_newer_than(self, other: ThreadBudget | None) -> bool:
+        """True when this reading should replace `other`: later capture, or the same capture with a
+        higher snapshot_version. Equal readings are not newer (a replayed event changes nothing)."""
+        if other is None:
+            return True
+        return (self.captured_at, self.snapshot_version) > (other.captured_at, other.snapshot_version)
+
+
+@dataclass(frozen=True)
+class Indicator:
+    """The home-list ring (CB-12): shown for single_device projects and the master agent's main
+    thread, hidden for groups (CB-5, CB-16)."""
+
+    visible: bool
+    percent: int = 0
+    level: str = ""
+    style: str = RING_STYLE
+    thread_id: str = ""
+    source_node_id: str = ""
+    updated_at: datetime | None = None
+    must_finish_before_compaction: bool = False
+
+    def as_payload(self) -> dict[str, object]:
+        """The `context_budget_indicator` JSON object (seed §6.1)."""
+        return {"visible": self.visible, "style": self.style, "percent": self.percent, "level": self.level}
+
+
+HIDDEN = Indicator(visible=False)
+
+
+def indicator_for(conversation_type: str, thread_id: str, budget: ThreadBudget | None) -> Indicator:
+    """The ring of a project conversation whose shown thread is `thread_id` with `budget`.
+
+    CB-16: a group never shows one (several threads' budgets must not be squeezed into one value); a
+    single_device project shows its thread's budget; the master agent shows its current main thread's
+    budget (not a total of the system). No budget reported yet -> hidden.
+    """
+    if conversation_type == GROUP or budget is None or not thread_id:
+        return HIDDEN
+    return Indicator(
+        visible=True,
+        percent=budget.percent,
+        level=budget.level,
+        thread_id=thread_id,
+        source_node_id=budget.node_id,
+        updated_at=budget.updated_at,
+        must_finish_before_compaction=budget.must_finish_before_compaction,
+    )
+
+
+@dataclass(frozen=True)
+class ThreadView:
+    """One thread of a project with its budget (None before its first report) and handoff state."""
+
+    thread_id: str
+    title: str
+    node_id: str
+    worker_id: str
+    budget: ThreadBudget | None
+    handoff_status: str = HANDOFF_NONE
+
+
+def _level_rank(level: str) -> int:
+    return LEVELS.index(level) if level in LEVELS else -1
+
+
+def risk_order(threads: Iterable[ThreadView]) -> list[ThreadView]:
+    """Threads most at risk first: worst level, then must-finish, then earliest expected compaction,
+    then lowest percent; threads that never reported last (ordered by id)."""
+
+    def key(view: ThreadView) -> tuple[int, int, int, float, float, str]:
+        budget = view.budget
+        if budget is None:
+            return (1, 0, 0, 0.0, 0.0, view.thread_id)
+        expected = budget.compaction_expected_at.timestamp() if budget.compaction_expected_at else math.inf
+        return (
+            0,
+            -_level_rank(budget.level),
+            0 if budget.must_finish_before_compaction else 1,
+            expected,
+            budget.remaining_pct,
+            view.thread_id,
+        )
+
+    return sorted(threads, key=key)
+
+
+def next_compaction_risk_thread(threads: Sequence[ThreadView]) -> str:
+    """CB-13 `next_compaction_risk_thread_id`: the thread expected to compact first.
+
+    The earliest `compaction_expected_at` among reported threads wins; without any estimate, the
+    lowest budget among urgent and critical threads; "" when no thread is at risk.
+    """
+    dated = [t for t in threads if t.budget is not None and t.budget.compaction_expected_at is not None]
+    if dated:
+        return min(dated, key=lambda t: (t.budget.compaction_expected_at, t.thread_id)).thread_id  # type: ignore[union-attr]
+    risky = [t for t in threads if t.budget is not None and t.budget.level in ("urgent", "critical")]
+    if risky:
+        return min(risky, key=lambda t: (t.budget.remaining_pct, t.thread_id)).thread_id  # type: ignore[union-attr]
+    return ""
+
+
+def threads_requiring_handoff(threads: Sequence[ThreadView]) -> list[str]:
+    """CB-13 `threads_requiring_handoff`: a handoff was required and is not ready yet, or the thread is
+    critical (CB-7: run the wrap-up now) and has no ready package. In risk order."""
+    return [
+        t.thread_id
+        for t in risk_order(threads)
+        if t.handoff_status == HANDOFF_REQUIRED
+        or (t.budget is not None and t.budget.level == "critical" and t.handoff_status != HANDOFF_READY)
+    ]
+
+
+def strategy_summary(threads: Sequence[ThreadView], scheduler_summary: str = "") -> str:
+    """CB-13 `master_context_strategy_summary` in words.
+
+    The scheduler's own summary wins when it published one; otherwise the CB-7 actions per level are
+    stated for the threads at each level (the low budget is stressed here, not on the home list: CB-16).
+    """
+    if scheduler_summary:
+        return scheduler_summary
+    reported = [t for t in threads if t.budget is not None]
+    if not reported:
+        return "No thread has reported its context budget yet."
+    by_level: dict[str, list[ThreadView]] = {level: [] for level in LEVELS}
+    for view in risk_order(reported):
+        by_level[view.budget.level if view.budget else "safe"].append(view)  # type: ignore[index]
+
+    def names(views: list[ThreadView]) -> str:
+        return ", ".join(f"{v.title or v.thread_id} ({v.budget.percent if v.budget else 0}%)" for v in views)
+
+    parts: list[str] = []
+    if by_level["critical"]:
+        parts.append(
+            f"Critical: {names(by_level['critical'])}: run the pre-compaction wrap-up now and "
+            "allow no further context growth."
+        )
+    if by_level["urgent"]:
+        parts.append(
+            f"Urgent: {names(by_level['urgent'])}: finish the current atomic subtask first and "
+            "pre-create the relay thread."
+        )
+    if by_level["watch"]:
+        parts.append(
+            f"Watch: {names(by_level['watch'])}: no more large background context; start "
+            "preparing the handoff."
+        )
+    if by_level["safe"]:
+        parts.append(f"Safe: {len(by_level['safe'])} thread(s) keep going; new subtasks go to them first.")
+    return " ".join(parts)
+
+
+CHECKLIST_ITEMS: tuple[tuple[str, str], ...] = (
+    ("files_touched", "Files touched by the current change"),
+    ("patches", "Patches done and not done"),
+    ("last_command", "The last key command and its result"),
+    ("last_test_conclusion", "The last test conclusion"),
+    ("open_questions", "Open questions"),
+    ("next_actions", "Suggested next actions for the next thread"),
+    ("evidence_links", "Links to required evidence"),
+)
+"""The CB-18 wrap-up checklist, in the order the spec lists it."""
+
+
+@dataclass(frozen=True)
+class ChecklistEntry:
+    """One line of the wrap-up checklist."""
+
+    key: str
+    label: str
+    done: bool = False
+
+
+def wrap_up_checklist(
+    budget: ThreadBudget | None, handoff_status: str, done_keys: Iterable[str] = ()
+) -> list[ChecklistEntry]:
+    """The checklist the thread page shows (CB-14).
+
+    In force when the thread is urgent or critical, must finish before compaction, or a handoff was
+    required; every item is done once the handoff package is ready. `done_keys` are items the
+    scheduler reported as filled. Empty while nothing needs wrapping up.
+    """
+    in_force = handoff_status in (HANDOFF_REQUIRED, HANDOFF_READY) or (
+        budget is not None
+        and (budget.level in ("urgent", "critical") or budget.must_finish_before_compaction)
+    )
+    if not in_force:
+        return []
+    done = set(done_keys)
+    ready = handoff_status == HANDOFF_READY
+    return [ChecklistEntry(key, label, ready or key in done) for key, label in CHECKLIST_ITEMS]
+
+
+@dataclass(frozen=True)
+class SortKey:
+    """Position of a project in the home list: pinned first, then the latest reply (or creation when
+    it has no reply yet) first, then project id (descending) to break ties."""
+
+    pinned: bool
+    sort_at: datetime
+    project_id: str
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A validated RegisterThread command."""
+
+    thread_id: str
+    node_id: str
+    worker_id: str
+    owner_id: str
+    codex_folder: str = ""
+    codex_thread_ref: str = ""
+    title: str = ""
+    group_project_id: str = ""
+    is_master_main_thread: bool = False

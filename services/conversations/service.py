@@ -1,0 +1,824 @@
+"""The conversations context's handlers: commands from clients and workers, and the projection of
+context_budget's and the scheduler's events.
+
+Every handler runs in one transaction of `Database.transaction()` with the outbox rows it publishes,
+so a client never sees a change without its event or an event without its change.
+
+Published event types (payloads always carry `owner_id`, so streams can be filtered per owner):
+
+- `conversation.context_indicator.updated` (CB-15): a home-list ring changed. Payload: conversation_id,
+  project_id, conversation_type, thread_id, context_budget_indicator {visible, style, percent, level},
+  context_budget_source_node_id, context_budget_updated_at, must_finish_before_compaction.
+- `project.context_risk.updated` (CB-15): a thread of the project reported. Payload: project_id,
+  conversation_id, thread_context (the thread's summary, as in the project detail),
+  next_compaction_risk_thread_id, threads_requiring_handoff, master_context_strategy_summary.
+- `thread.handoff.required`, `thread.handoff.ready` (CB-15): relayed from the scheduler with
+  thread_id, project_ids, handoff_status, handoff_package_id, handoff_reason.
+- `conversation.updated`: created, pinned, renamed, archived (payload `change` and `conversation`).
+- `conversation.message.created`: a stored message (payload `message`, `latest_reply_at`).
+- `thread.registered`: a thread was registered (payload thread metadata and `project_id`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.conversations.adapters.repository import (
+    Row,
+    SqlAlchemyConversationsRepository,
+    budget_columns,
+    budget_of,
+    indicator_columns,
+    indicator_of,
+    view_of,
+)
+from services.conversations.domain.model import (
+    GROUP,
+    HANDOFF_NONE,
+    HANDOFF_READY,
+    HANDOFF_REQUIRED,
+    LEVELS,
+    MASTER_AGENT,
+    MASTER_ALIAS,
+    SINGLE_DEVICE,
+    ChecklistEntry,
+    Indicator,
+    Registration,
+    SortKey,
+    ThreadBudget,
+    ThreadView,
+    conversation_id_of,
+    default_title,
+    indicator_for,
+    master_project_id,
+    next_compaction_risk_thread,
+    risk_order,
+    single_device_project_id,
+    strategy_summary,
+    threads_requiring_handoff,
+    wrap_up_checklist,
+)
+from services.conversations.domain.paging import decode_page_token, encode_page_token
+from services.conversations.domain.validation import (
+    check_group_threads,
+    check_id,
+    check_message,
+    check_page_size,
+    check_title,
+    raise_if_any,
+)
+from services.shared.db import Database
+from services.shared.errors import FieldViolation, NotFound
+from services.shared.outbox import EventLog, NewEvent, StoredEvent
+from services.shared.time import isoformat_utc, utc_now
+
+log = logging.getLogger(__name__)
+
+INDICATOR_UPDATED = "conversation.context_indicator.updated"
+PROJECT_RISK_UPDATED = "project.context_risk.updated"
+HANDOFF_REQUIRED_EVENT = "thread.handoff.required"
+HANDOFF_READY_EVENT = "thread.handoff.ready"
+CONVERSATION_UPDATED = "conversation.updated"
+MESSAGE_CREATED = "conversation.message.created"
+THREAD_REGISTERED = "thread.registered"
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
+
+
+# ---------------------------------------------------------------------------------------------------
+# Read models returned by the handlers (the servicer turns them into protobuf messages).
+
+
+@dataclass(frozen=True)
+class ProjectDetailView:
+    """CB-13: a project row with its threads, most at risk first."""
+
+    project: Row
+    threads: list[ThreadView]
+    next_compaction_risk_thread_id: str
+    threads_requiring_handoff: list[str]
+    master_context_strategy_summary: str
+
+
+@dataclass(frozen=True)
+class ThreadBudgetView:
+    """CB-14: a thread row, its budget and checklist, and the projects it is in."""
+
+    thread: Row
+    view: ThreadView
+    checklist: list[ChecklistEntry]
+    project_ids: list[str]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Event payloads (one shape shared by SSE and REST).
+
+
+def thread_summary_payload(view: ThreadView) -> dict[str, Any]:
+    """A thread's budget as JSON: the same fields as `ThreadContextSummary` in the proto."""
+    budget = view.budget
+    return {
+        "thread_id": view.thread_id,
+        "title": view.title,
+        "node_id": view.node_id,
+        "worker_id": view.worker_id,
+        "reported": budget is not None,
+        "percent": budget.percent if budget else 0,
+        "remaining_pct": budget.remaining_pct if budget else 0.0,
+        "level": budget.level if budget else "",
+        "must_finish_before_compaction": budget.must_finish_before_compaction if budget else False,
+        "must_finish_reason": budget.must_finish_reason if budget else "",
+        "compaction_expected_at": isoformat_utc(budget.compaction_expected_at) if budget else None,
+        "last_compaction_at": isoformat_utc(budget.last_compaction_at) if budget else None,
+        "compaction_count": budget.compaction_count if budget else 0,
+        "updated_at": isoformat_utc(budget.updated_at) if budget else None,
+        "handoff_status": view.handoff_status,
+    }
+
+
+def conversation_payload(project: Mapping[Any, Any]) -> dict[str, Any]:
+    """A home-list row as JSON (CB-12 field names)."""
+    indicator = indicator_of(project)
+    return {
+        "conversation_id": conversation_id_of(project["project_id"]),
+        "project_id": project["project_id"],
+        "conversation_type": project["conversation_type"],
+        "project_title": project["title"],
+        "manual_pinned": bool(project["manual_pinned"]),
+        "latest_reply_at": isoformat_utc(project["latest_reply_at"]),
+        "context_budget_indicator": indicator.as_payload(),
+        "context_budget_source_node_id": indicator.source_node_id,
+        "context_budget_updated_at": isoformat_utc(indicator.updated_at),
+        "must_finish_before_compaction": indicator.must_finish_before_compaction,
+        "context_budget_thread_id": indicator.thread_id,
+    }
+
+
+def _indicator_event(project: Mapping[Any, Any], indicator: Indicator) -> NewEvent:
+    payload = {
+        "owner_id": project["owner_id"],
+        "conversation_id": conversation_id_of(project["project_id"]),
+        "project_id": project["project_id"],
+        "conversation_type": project["conversation_type"],
+        "thread_id": indicator.thread_id,
+        "context_budget_indicator": indicator.as_payload(),
+        "context_budget_source_node_id": indicator.source_node_id,
+        "context_budget_updated_at": isoformat_utc(indicator.updated_at),
+        "must_finish_before_compaction": indicator.must_finish_before_compaction,
+    }
+    return NewEvent(
+        INDICATOR_UPDATED,
+        payload,
+        thread_id=indicator.thread_id,
+        project_id=project["project_id"],
+        node_id=indicator.source_node_id,
+    )
+
+
+def _conversation_event(project: Mapping[Any, Any], change: str) -> NewEvent:
+    return NewEvent(
+        CONVERSATION_UPDATED,
+        {
+            "owner_id": project["owner_id"],
+            "project_id": project["project_id"],
+            "change": change,
+            "conversation": conversation_payload(project),
+        },
+        project_id=project["project_id"],
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    if parsed.tzinfo is None:
+        raise ValueError(f"naive timestamp {value!r}")
+    return parsed
+
+
+def budget_from_payload(payload: Mapping[Any, Any], fallback_time: datetime) -> ThreadBudget:
+    """A ThreadBudget from a `thread.context.updated` payload of context_budget.
+
+    Raises ValueError (KeyError, TypeError) when the payload lacks the percent or carries an unknown
+    level; the caller skips such an event and logs it.
+    """
+    level = str(payload["context_budget_level"])
+    if level not in LEVELS:
+        raise ValueError(f"unknown context_budget_level {level!r}")
+    captured_at = _parse_time(payload.get("captured_at")) or fallback_time
+    turns = payload.get("estimated_remaining_turns")
+    return ThreadBudget(
+        remaining_pct=float(payload["context_budget_remaining_pct"]),
+        level=level,
+        node_id=str(payload.get("node_id") or ""),
+        updated_at=_parse_time(payload.get("updated_at")) or fallback_time,
+        captured_at=captured_at,
+        snapshot_version=int(payload.get("snapshot_version") or 0),
+        must_finish_before_compaction=bool(payload.get("must_finish_before_compaction")),
+        must_finish_reason=str(payload.get("must_finish_reason") or ""),
+        compaction_expected_at=_parse_time(payload.get("compaction_expected_at")),
+        last_compaction_at=_parse_time(payload.get("last_compaction_at")),
+        compaction_count=int(payload.get("compaction_count") or 0),
+        estimated_remaining_turns=int(turns) if turns is not None else None,
+        master_actions=tuple(str(a) for a in payload.get("master_actions") or ()),
+    )
+
+
+class ConversationsHandlers:
+    """The use cases of the conversations context on one database and outbox.
+
+    Args:
+        database: the service's database.
+        event_log: the service's outbox.
+        default_owner_id: the owner of threads registered without one (and of auto-imported threads).
+    """
+
+    def __init__(self, database: Database, event_log: EventLog, default_owner_id: str = "local") -> None:
+        self.database = database
+        self.event_log = event_log
+        self.default_owner_id = default_owner_id
+
+    # --- writes -------------------------------------------------------------------------------------
+
+    async def register_thread(self, registration: Registration) -> tuple[Row, bool, str]:
+        """RegisterThread ("device import"). Returns (thread row, created, project id).
+
+        A new thread gets its single_device project (id derived from owner and thread), unless
+        `group_project_id` names a group of the owner, which it joins. A known thread keeps its project
+        and gets its node, worker, folder, reference and title refreshed. Raises InvalidArgument,
+        NotFound (group), and PermissionDenied-free: authorisation is the servicer's job.
+        """
+        violations: list[FieldViolation] = []
+        check_id("thread_id", registration.thread_id, violations)
+        check_id("node_id", registration.node_id, violations)
+        check_id("worker_id", registration.worker_id, violations)
+        check_id("owner_id", registration.owner_id, violations)
+        check_id("group_project_id", registration.group_project_id, violations, required=False)
+        check_title("title", registration.title, violations, required=False)
+        raise_if_any(violations)
+        async with self.database.transaction() as connection:
+            result = await self._register(connection, registration, utc_now())
+        self.event_log.kick()
+        return result
+
+    async def _register(
+        self, connection: AsyncConnection, registration: Registration, now: datetime
+    ) -> tuple[Row, bool, str]:
+        repository = SqlAlchemyConversationsRepository(connection)
+        owner = registration.owner_id
+        title = registration.title.strip() or default_title(registration.thread_id, registration.codex_folder)
+        existing = await repository.thread(registration.thread_id)
+        events: list[NewEvent] = []
+        if existing is not None:
+            if existing["owner_id"] != owner:
+                raise NotFound(f"thread {registration.thread_id!r} not found")
+            changes = {
+                "node_id": registration.node_id,
+                "worker_id": registration.worker_id,
+                "codex_folder": registration.codex_folder or existing["codex_folder"],
+                "codex_thread_ref": registration.codex_thread_ref or existing["codex_thread_ref"],
+                "title": registration.title.strip() or existing["title"],
+            }
+            if registration.is_master_main_thread:
+                changes["is_master_main_thread"] = True
+            await repository.update_thread(registration.thread_id, changes)
+            project_id = existing["single_device_project_id"]
+            if registration.group_project_id:
+                await self._require_group(repository, owner, registration.group_project_id)
+                await repository.add_member(registration.group_project_id, registration.thread_id, now)
+                project_id = registration.group_project_id
+            if registration.is_master_main_thread:
+                events += await self._make_master_thread(repository, owner, registration.thread_id, now)
+            await self.event_log.append(connection, events)
+            thread = await repository.thread(registration.thread_id)
+            assert thread is not None
+            return thread, False, project_id
+        project_id = ""
+        if registration.group_project_id:
+            await self._require_group(repository, owner, registration.group_project_id)
+        else:
+            project_id = single_device_project_id(owner, registration.thread_id)
+        await repository.insert_thread(
+            {
+                "thread_id": registration.thread_id,
+                "owner_id": owner,
+                "node_id": registration.node_id,
+                "worker_id": registration.worker_id,
+                "codex_folder": registration.codex_folder,
+                "codex_thread_ref": registration.codex_thread_ref,
+                "title": title,
+                "single_device_project_id": project_id,
+                "registered_at": now,
+            }
+        )
+        if project_id:
+            await repository.insert_project(
+                {
+                    "project_id": project_id,
+                    "owner_id": owner,
+                    "conversation_type": SINGLE_DEVICE,
+                    "title": title,
+                    "sort_at": now,
+                    "created_at": now,
+                    "updated_at": now,
+                    "indicator_thread_id": registration.thread_id,
+                }
+            )
+            await repository.add_member(project_id, registration.thread_id, now)
+            project = await repository.project(project_id)
+            assert project is not None
+            events.append(_conversation_event(project, "created"))
+        else:
+            project_id = registration.group_project_id
+            await repository.add_member(project_id, registration.thread_id, now)
+        if registration.is_master_main_thread:
+            events += await self._make_master_thread(repository, owner, registration.thread_id, now)
+        events.append(
+            NewEvent(
+                THREAD_REGISTERED,
+                {
+                    "owner_id": owner,
+                    "thread_id": registration.thread_id,
+                    "project_id": project_id,
+                    "node_id": registration.node_id,
+                    "worker_id": registration.worker_id,
+                    "codex_folder": registration.codex_folder,
+                    "codex_thread_ref": registration.codex_thread_ref,
+                    "title": title,
+                },
+                thread_id=registration.thread_id,
+                project_id=project_id,
+                node_id=registration.node_id,
+            )
+        )
+        await self.event_log.append(connection, events)
+        thread = await repository.thread(registration.thread_id)
+        assert thread is not None
+        return thread, True, project_id
+
+    async def _require_group(
+        self, repository: SqlAlchemyConversationsRepository, owner: str, project_id: str
+    ) -> Row:
+        project = await repository.project(project_id)
+        if project is None or project["owner_id"] != owner or project["conversation_type"] != GROUP:
+            raise NotFound(f"group project {project_id!r} not found")
+        return project
+
+    async def _ensure_master(
+        self, repository: SqlAlchemyConversationsRepository, owner: str, now: datetime
+    ) -> Row:
+        project_id = master_project_id(owner)
+        project = await repository.project(project_id)
+        if project is None:
+            await repository.insert_project(
+                {
+                    "project_id": project_id,
+                    "owner_id": owner,
+                    "conversation_type": MASTER_AGENT,
+                    "title": "Master agent",
+                    "manual_pinned": True,
+                    "sort_at": now,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            )
+            project = await repository.project(project_id)
+            assert project is not None
+        return project
+
+    async def _make_master_thread(
+        self, repository: SqlAlchemyConversationsRepository, owner: str, thread_id: str, now: datetime
+    ) -> list[NewEvent]:
+        """Makes `thread_id` the master agent's current main thread: the master ring shows its budget."""
+        master = await self._ensure_master(repository, owner, now)
+        previous = master["indicator_thread_id"]
+        if previous and previous != thread_id:
+            await repository.update_thread(previous, {"is_master_main_thread": False})
+        await repository.update_thread(thread_id, {"is_master_main_thread": True})
+        await repository.add_member(master["project_id"], thread_id, now)
+        thread = await repository.thread(thread_id)
+        assert thread is not None
+        indicator = indicator_for(MASTER_AGENT, thread_id, budget_of(thread))
+        await repository.update_project(
+            master["project_id"],
+            {"indicator_thread_id": thread_id, **indicator_columns(indicator), "updated_at": now},
+        )
+        updated = await repository.project(master["project_id"])
+        assert updated is not None
+        return [_indicator_event(updated, indicator)] if indicator.visible or previous else []
+
+    async def archive_thread(self, owner: str, thread_id: str) -> Row:
+        """Archives a thread and its single_device project (idempotent). NotFound when unknown."""
+        violations: list[FieldViolation] = []
+        check_id("thread_id", thread_id, violations)
+        raise_if_any(violations)
+        now = utc_now()
+        async with self.database.transaction() as connection:
+            repository = SqlAlchemyConversationsRepository(connection)
+            thread = await self._owned_thread(repository, owner, thread_id)
+            events: list[NewEvent] = []
+            if thread["archived_at"] is None:
+                await repository.update_thread(thread_id, {"archived_at": now})
+                project_id = thread["single_device_project_id"]
+                if project_id:
+                    await repository.update_project(project_id, {"archived_at": now, "updated_at": now})
+                    project = await repository.project(project_id)
+                    assert project is not None
+                    events.append(_conversation_event(project, "archived"))
+                await self.event_log.append(connection, events)
+            archived = await repository.thread(thread_id)
+            assert archived is not None
+        self.event_log.kick()
+        return archived
+
+    async def set_pinned(self, owner: str, project_id: str, pinned: bool) -> Row:
+        """Pins or unpins a conversation. NotFound for an unknown project."""
+        return await self._change_project(
+            owner, project_id, {"manual_pinned": pinned}, "pinned" if pinned else "unpinned"
+        )
+
+    async def rename_project(self, owner: str, project_id: str, title: str) -> Row:
+        """Renames a project. InvalidArgument for a bad title; NotFound for an unknown project."""
+        violations: list[FieldViolation] = []
+        clean = check_title("title", title, violations)
+        raise_if_any(violations)
+        return await self._change_project(owner, project_id, {"title": clean}, "renamed")
+
+    async def _change_project(self, owner: str, project_id: str, values: dict[str, Any], change: str) -> Row:
+        async with self.database.transaction() as connection:
+            repository = SqlAlchemyConversationsRepository(connection)
+            project = await self._owned_project(repository, owner, project_id)
+            await repository.update_project(project["project_id"], {**values, "updated_at": utc_now()})
+            changed = await repository.project(project["project_id"])
+            assert changed is not None
+            await self.event_log.append(connection, [_conversation_event(changed, change)])
+        self.event_log.kick()
+        return changed
+
+    async def create_group(self, owner: str, title: str, thread_ids: list[str]) -> ProjectDetailView:
+        """Creates a group project from the owner's threads. InvalidArgument (title, thread_ids);
+        NotFound when a thread is unknown or another owner's."""
+        violations: list[FieldViolation] = []
+        clean = check_title("title", title, violations)
+        distinct = check_group_threads(thread_ids, violations)
+        raise_if_any(violations)
+        now = utc_now()
+        project_id = f"group-{uuid.uuid4().hex[:20]}"
+        async with self.database.transaction() as connection:
+            repository = SqlAlchemyConversationsRepository(connection)
+            found = await repository.threads_by_id(distinct)
+            missing = [t for t in distinct if t not in found or found[t]["owner_id"] != owner]
+            if missing:
+                raise NotFound(f"threads not found: {', '.join(missing)}")
+            await repository.insert_project(
+                {
+                    "project_id": project_id,
+                    "owner_id": owner,
+                    "conversation_type": GROUP,
+                    "title": clean,
+                    "sort_at": now,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            )
+            for thread_id in distinct:
+                await repository.add_member(project_id, thread_id, now)
+            project = await repository.project(project_id)
+            assert project is not None
+            await self.event_log.append(connection, [_conversation_event(project, "created")])
+            detail = await self._detail(repository, project)
+        self.event_log.kick()
+        return detail
+
+    async def add_message(
+        self, owner: str, project_id: str, author_kind: str, thread_id: str, text: str
+    ) -> Row:
+        """Stores a message and moves the conversation's latest_reply_at to now (UTC).
+
+        Raises InvalidArgument (author_kind, text, thread_id) and NotFound (project)."""
+        violations: list[FieldViolation] = []
+        check_message(author_kind, text, violations)
+        check_id("thread_id", thread_id, violations, required=author_kind == "thread")
+        raise_if_any(violations)
+        now = utc_now()
+        async with self.database.transaction() as connection:
+            repository = SqlAlchemyConversationsRepository(connection)
+            project = await self._owned_project(repository, owner, project_id)
+            message_id = f"msg-{uuid.uuid4().hex}"
+            values = {
+                "message_id": message_id,
+                "project_id": project["project_id"],
+                "author_kind": author_kind,
+                "thread_id": thread_id,
+                "text": text,
+                "created_at": now,
+            }
+            await repository.insert_message(values)
+            await repository.update_project(
+                project["project_id"], {"latest_reply_at": now, "sort_at": now, "updated_at": now}
+            )
+            await self.event_log.append(
+                connection,
+                [
+                    NewEvent(
+                        MESSAGE_CREATED,
+                        {
+                            "owner_id": owner,
+                            "project_id": project["project_id"],
+                            "conversation_id": conversation_id_of(project["project_id"]),
+                            "latest_reply_at": isoformat_utc(now),
+                            "message": {**values, "created_at": isoformat_utc(now)},
+                        },
+                        thread_id=thread_id,
+                        project_id=project["project_id"],
+                    )
+                ],
+            )
+        self.event_log.kick()
+        return values  # type: ignore[return-value]
+
+    # --- reads --------------------------------------------------------------------------------------
+
+    async def list_conversations(self, owner: str, page_size: int, page_token: str) -> tuple[list[Row], str]:
+        """The home list (CB-12): pinned first, then latest reply first. Returns (rows, next token).
+
+        Raises InvalidArgument for a negative page_size or a foreign page_token."""
+        violations: list[FieldViolation] = []
+        size = check_page_size(page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, violations)
+        after: SortKey | None = None
+        if page_token:
+            try:
+                pinned, sort_at, project_id = decode_page_token(page_token, "conversations", owner, 3)
+                after = SortKey(bool(pinned), datetime.fromisoformat(str(sort_at)), str(project_id))
+                if after.sort_at.tzinfo is None:
+                    raise ValueError("naive time")
+            except (ValueError, TypeError) as error:
+                violations.append(FieldViolation("page_token", str(error) or "invalid page token"))
+        raise_if_any(violations)
+        async with self.database.read() as connection:
+            repository = SqlAlchemyConversationsRepository(connection)
+            rows = await repository.home_list(owner, size + 1, after)
+        next_token = ""
+        if len(rows) > size:
+            rows = rows[:size]
+            last = rows[-1]
+            next_token = encode_page_token(
+                "conversations",
+                owner,
+                [bool(last["manual_pinned"]), last["sort_at"].isoformat(), last["project_id"]],
+            )
+        return rows, next_token
+
+    async def get_project(self, owner: str, project_id: str) -> ProjectDetailView:
+        """The project detail (CB-13); "master-agent" is the owner's master project (created on
+        first use). NotFound for an unknown or foreign project."""
+        if project_id == MASTER_ALIAS:
+            async with self.database.transaction() as connection:
+                repository = SqlAlchemyConversationsRepository(connection)
+                master = await self._ensure_master(repository, owner, utc_now())
+                return await self._detail(repository, master)
+        async with self.database.read() as connection:
+            repository = SqlAlchemyConversationsRepository(connection)
+            project = await self._owned_project(repository, owner, project_id)
+            return await self._detail(repository, project)
+
+    async def get_thread_budget(self, owner: str, thread_id: str) -> ThreadBudgetView:
+        """The thread page (CB-14). NotFound for an unknown or foreign thread."""
+        async with self.database.read() as connection:
+            repository = SqlAlchemyConversationsRepository(connection)
+            thread = await self._owned_thread(repository, owner, thread_id)
+            project_ids = (await repository.project_ids_of_threads([thread_id]))[thread_id]
+        view = view_of(thread)
+        done = json.loads(thread["checklist_done_json"] or "[]")
+        return ThreadBudgetView(
+            thread, view, wrap_up_checklist(view.budget, view.handoff_status, done), project_ids
+        )
+
+    async def list_messages(
+        self, owner: str, project_id: str, page_size: int, page_token: str
+    ) -> tuple[list[Row], str]:
+        """A project's messages, oldest first. InvalidArgument (page_size, page_token); NotFound."""
+        violations: list[FieldViolation] = []
+        size = check_page_size(page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, violations)
+        after_id = 0
+        if page_token:
+            try:
+                (after_id,) = decode_page_token(page_token, f"messages:{project_id}", owner, 1)
+                after_id = int(after_id)
+            except (ValueError, TypeError) as error:
+                violations.append(FieldViolation("page_token", str(error)))
+        raise_if_any(violations)
+        async with self.database.read() as connection:
+            repository = SqlAlchemyConversationsRepository(connection)
+            project = await self._owned_project(repository, owner, project_id)
+            rows = await repository.messages_after(project["project_id"], after_id, size + 1)
+        next_token = ""
+        if len(rows) > size:
+            rows = rows[:size]
+            next_token = encode_page_token(f"messages:{project_id}", owner, [int(rows[-1]["id"])])
+        return rows, next_token
+
+    async def _owned_project(
+        self, repository: SqlAlchemyConversationsRepository, owner: str, project_id: str
+    ) -> Row:
+        if project_id == MASTER_ALIAS:
+            project_id = master_project_id(owner)
+        project = await repository.project(project_id) if project_id else None
+        if project is None or project["owner_id"] != owner:
+            raise NotFound(f"project {project_id!r} not found")
+        return project
+
+    async def _owned_thread(
+        self, repository: SqlAlchemyConversationsRepository, owner: str, thread_id: str
+    ) -> Row:
+        thread = await repository.thread(thread_id) if thread_id else None
+        if thread is None or thread["owner_id"] != owner:
+            raise NotFound(f"thread {thread_id!r} not found")
+        return thread
+
+    async def _detail(self, repository: SqlAlchemyConversationsRepository, project: Row) -> ProjectDetailView:
+        members = [
+            view_of(row)
+            for row in await repository.member_threads(project["project_id"])
+            if row["archived_at"] is None
+        ]
+        return ProjectDetailView(
+            project=project,
+            threads=risk_order(members),
+            next_compaction_risk_thread_id=next_compaction_risk_thread(members),
+            threads_requiring_handoff=threads_requiring_handoff(members),
+            master_context_strategy_summary=strategy_summary(members, project["strategy_summary"]),
+        )
+
+    # --- projection of upstream events (called by EventConsumer inside its transaction) ------------
+
+    async def apply_budget_events(
+        self, connection: AsyncConnection, batch: list[StoredEvent]
+    ) -> list[NewEvent]:
+        """Applies context_budget events: the latest `thread.context.updated` per thread updates the
+        thread's budget, the rings showing it and its projects' risk, publishing CB-15 events.
+
+        A thread never registered is imported here (owner: the default owner) with a single_device
+        project, so a worker that reports before registering still shows up. Older readings than
+        the stored one change nothing. Malformed payloads are logged and skipped (never block the
+        stream). Other event types only advance the cursor.
+        """
+        latest: dict[str, tuple[StoredEvent, ThreadBudget]] = {}
+        for event in batch:
+            thread_id = str(event.payload.get("thread_id") or "")
+            if event.type != "thread.context.updated" or not thread_id:
+                continue
+            try:
+                budget = budget_from_payload(event.payload, event.occurred_at)
+            except (KeyError, TypeError, ValueError) as error:
+                log.warning("skipping context event %s for %s: %s", event.sequence, thread_id, error)
+                continue
+            kept = latest.get(thread_id)
+            if kept is None or budget.is_newer_than(kept[1]):
+                latest[thread_id] = (event, budget)
+        if not latest:
+            return []
+        repository = SqlAlchemyConversationsRepository(connection)
+        known = await repository.threads_by_id(latest)
+        published: list[NewEvent] = []
+        for thread_id, (event, budget) in latest.items():
+            thread = known.get(thread_id)
+            if thread is None:
+                payload = event.payload
+                registration = Registration(
+                    thread_id=thread_id,
+                    node_id=str(payload.get("node_id") or ""),
+                    worker_id=str(payload.get("worker_id") or ""),
+                    owner_id=self.default_owner_id,
+                    codex_folder=str(payload.get("codex_folder") or ""),
+                )
+                await self._register(connection, registration, event.occurred_at)
+                thread = await repository.thread(thread_id)
+                assert thread is not None
+            if not budget.is_newer_than(budget_of(thread)):
+                continue
+            await repository.update_thread(thread_id, budget_columns(budget))
+            if thread["archived_at"] is not None:
+                continue
+            published += await self._publish_thread_change(repository, thread_id)
+        return published
+
+    async def _publish_thread_change(
+        self, repository: SqlAlchemyConversationsRepository, thread_id: str
+    ) -> list[NewEvent]:
+        """Refreshes the rings showing the thread and emits indicator and project-risk events."""
+        thread = await repository.thread(thread_id)
+        assert thread is not None
+        view = view_of(thread)
+        events: list[NewEvent] = []
+        now = utc_now()
+        for project in await repository.projects_showing_thread(thread_id):
+            indicator = indicator_for(project["conversation_type"], thread_id, view.budget)
+            await repository.update_project(project["project_id"], indicator_columns(indicator))
+            events.append(_indicator_event(project, indicator))
+        project_ids = (await repository.project_ids_of_threads([thread_id]))[thread_id]
+        for project in await repository.projects_by_id(project_ids):
+            if project["archived_at"] is not None:
+                continue
+            detail = await self._detail(repository, project)
+            events.append(
+                NewEvent(
+                    PROJECT_RISK_UPDATED,
+                    {
+                        "owner_id": project["owner_id"],
+                        "project_id": project["project_id"],
+                        "conversation_id": conversation_id_of(project["project_id"]),
+                        "conversation_type": project["conversation_type"],
+                        "thread_context": thread_summary_payload(view),
+                        "next_compaction_risk_thread_id": detail.next_compaction_risk_thread_id,
+                        "threads_requiring_handoff": detail.threads_requiring_handoff,
+                        "master_context_strategy_summary": detail.master_context_strategy_summary,
+                        "updated_at": isoformat_utc(now),
+                    },
+                    thread_id=thread_id,
+                    project_id=project["project_id"],
+                    node_id=thread["node_id"],
+                )
+            )
+        return events
+
+    async def apply_scheduler_events(
+        self, connection: AsyncConnection, batch: list[StoredEvent]
+    ) -> list[NewEvent]:
+        """Applies the scheduler's events: `thread.handoff.required` / `.ready` set the thread's handoff
+        state (and are relayed as CB-15 events to clients); `thread.handoff.consumed` / `.expired`
+        clear it; `project.context_strategy.updated` stores the project's strategy summary.
+        Unknown threads and projects are skipped (they are not this context's to invent)."""
+        repository = SqlAlchemyConversationsRepository(connection)
+        published: list[NewEvent] = []
+        for event in batch:
+            payload = event.payload
+            if event.type == "project.context_strategy.updated":
+                project_id = str(payload.get("project_id") or event.project_id)
+                summary = str(
+                    payload.get("strategy_summary") or payload.get("master_context_strategy_summary") or ""
+                )
+                if project_id and await repository.project(project_id) is not None:
+                    await repository.update_project(project_id, {"strategy_summary": summary})
+                continue
+            status = {
+                HANDOFF_REQUIRED_EVENT: HANDOFF_REQUIRED,
+                HANDOFF_READY_EVENT: HANDOFF_READY,
+                "thread.handoff.consumed": HANDOFF_NONE,
+                "thread.handoff.expired": HANDOFF_NONE,
+            }.get(event.type)
+            thread_id = str(payload.get("thread_id") or payload.get("from_thread_id") or event.thread_id)
+            if status is None or not thread_id:
+                continue
+            thread = await repository.thread(thread_id)
+            if thread is None:
+                log.info("handoff event %s for unknown thread %s skipped", event.sequence, thread_id)
+                continue
+            package_id = str(payload.get("handoff_package_id") or "")
+            reason = str(payload.get("reason") or payload.get("handoff_reason") or "")
+            done = payload.get("checklist_done") or []
+            await repository.update_thread(
+                thread_id,
+                {
+                    "handoff_status": status,
+                    "handoff_package_id": package_id if status != HANDOFF_NONE else "",
+                    "handoff_reason": reason if status != HANDOFF_NONE else "",
+                    "checklist_done_json": json.dumps(
+                        [str(k) for k in done] if isinstance(done, list) else []
+                    ),
+                },
+            )
+            project_ids = (await repository.project_ids_of_threads([thread_id]))[thread_id]
+            if event.type in (HANDOFF_REQUIRED_EVENT, HANDOFF_READY_EVENT):
+                published.append(
+                    NewEvent(
+                        event.type,
+                        {
+                            "owner_id": thread["owner_id"],
+                            "thread_id": thread_id,
+                            "project_ids": project_ids,
+                            "handoff_status": status,
+                            "handoff_package_id": package_id,
+                            "handoff_reason": reason,
+                            "to_thread_id": str(payload.get("to_thread_id") or ""),
+                        },
+                        thread_id=thread_id,
+                        node_id=thread["node_id"],
+                    )
+                )
+            if thread["archived_at"] is None:
+                published += await self._publish_thread_change(repository, thread_id)
+        return published

@@ -1,0 +1,350 @@
+"""The gRPC face of the conversations context: authorisation, proto <-> domain conversion, errors.
+
+Owner rule: a client token acts for its own `owner_id` (the request's owner_id is ignored); a service
+token names the owner in the request (empty: the default owner). Another owner's data is NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import grpc
+from boss.conversations.v1 import conversations_pb2 as pb
+from boss.conversations.v1 import conversations_pb2_grpc
+
+from services.conversations.adapters.repository import indicator_of
+from services.conversations.domain.model import (
+    GROUP,
+    MASTER_AGENT,
+    SINGLE_DEVICE,
+    Registration,
+    ThreadView,
+    conversation_id_of,
+)
+from services.conversations.service import ConversationsHandlers, ProjectDetailView, ThreadBudgetView
+from services.shared.auth import (
+    SCOPE_CONVERSATIONS_READ,
+    SCOPE_CONVERSATIONS_WRITE,
+    SCOPE_EVENTS_READ,
+    SCOPE_THREADS_REGISTER,
+    Principal,
+    TokenAuthority,
+)
+from services.shared.errors import BossError, FieldViolation, InvalidArgument, grpc_status_of
+from services.shared.event_stream import to_envelope
+from services.shared.grpc_server import translate_errors
+from services.shared.outbox import EventLog, StoredEvent
+from services.shared.time import to_timestamp
+
+SERVICE_NAME = "boss.conversations.v1.ConversationsService"
+
+CONVERSATION_TYPES = {
+    MASTER_AGENT: pb.CONVERSATION_TYPE_MASTER_AGENT,
+    SINGLE_DEVICE: pb.CONVERSATION_TYPE_SINGLE_DEVICE,
+    GROUP: pb.CONVERSATION_TYPE_GROUP,
+}
+MAX_EVENTS_PAGE = 1_000
+
+
+def conversation_message(project: Mapping[Any, Any]) -> pb.Conversation:
+    """A home-list row (CB-12) from a project row."""
+    indicator = indicator_of(project)
+    return pb.Conversation(
+        conversation_id=conversation_id_of(project["project_id"]),
+        project_id=project["project_id"],
+        conversation_type=CONVERSATION_TYPES[project["conversation_type"]],
+        project_title=project["title"],
+        manual_pinned=bool(project["manual_pinned"]),
+        latest_reply_at=to_timestamp(project["latest_reply_at"]),
+        context_budget_indicator=pb.ContextBudgetIndicator(
+            visible=indicator.visible, style=indicator.style, percent=indicator.percent, level=indicator.level
+        ),
+        context_budget_source_node_id=indicator.source_node_id,
+        context_budget_updated_at=to_timestamp(indicator.updated_at),
+        must_finish_before_compaction=indicator.must_finish_before_compaction,
+        context_budget_thread_id=indicator.thread_id,
+    )
+
+
+def summary_message(view: ThreadView) -> pb.ThreadContextSummary:
+    """A thread's budget summary (the same figures everywhere: CB-19)."""
+    message = pb.ThreadContextSummary(
+        thread_id=view.thread_id,
+        title=view.title,
+        node_id=view.node_id,
+        worker_id=view.worker_id,
+        handoff_status=view.handoff_status,
+    )
+    budget = view.budget
+    if budget is not None:
+        message.reported = True
+        message.percent = budget.percent
+        message.remaining_pct = budget.remaining_pct
+        message.level = budget.level
+        message.must_finish_before_compaction = budget.must_finish_before_compaction
+        message.must_finish_reason = budget.must_finish_reason
+        message.compaction_count = budget.compaction_count
+        message.updated_at.CopyFrom(to_timestamp(budget.updated_at))
+        if budget.compaction_expected_at:
+            message.compaction_expected_at.CopyFrom(to_timestamp(budget.compaction_expected_at))
+        if budget.last_compaction_at:
+            message.last_compaction_at.CopyFrom(to_timestamp(budget.last_compaction_at))
+    return message
+
+
+def thread_message(row: Mapping[Any, Any]) -> pb.Thread:
+    """Registered thread metadata."""
+    return pb.Thread(
+        thread_id=row["thread_id"],
+        owner_id=row["owner_id"],
+        node_id=row["node_id"],
+        worker_id=row["worker_id"],
+        codex_folder=row["codex_folder"],
+        codex_thread_ref=row["codex_thread_ref"],
+        title=row["title"],
+        single_device_project_id=row["single_device_project_id"],
+        registered_at=to_timestamp(row["registered_at"]),
+        archived_at=to_timestamp(row["archived_at"]),
+        is_master_main_thread=bool(row["is_master_main_thread"]),
+    )
+
+
+def detail_message(detail: ProjectDetailView) -> pb.ProjectDetail:
+    """CB-13 project detail."""
+    return pb.ProjectDetail(
+        conversation=conversation_message(detail.project),
+        active_thread_contexts=[summary_message(view) for view in detail.threads],
+        next_compaction_risk_thread_id=detail.next_compaction_risk_thread_id,
+        threads_requiring_handoff=detail.threads_requiring_handoff,
+        master_context_strategy_summary=detail.master_context_strategy_summary,
+    )
+
+
+def budget_message(view: ThreadBudgetView) -> pb.ThreadContextBudget:
+    """CB-14 thread page."""
+    return pb.ThreadContextBudget(
+        context=summary_message(view.view),
+        thread=thread_message(view.thread),
+        wrap_up_checklist=[pb.ChecklistItem(key=i.key, label=i.label, done=i.done) for i in view.checklist],
+        handoff_status=view.view.handoff_status,
+        handoff_package_id=view.thread["handoff_package_id"],
+        handoff_reason=view.thread["handoff_reason"],
+        project_ids=view.project_ids,
+    )
+
+
+def message_message(row: Mapping[Any, Any]) -> pb.Message:
+    """A stored message."""
+    return pb.Message(
+        message_id=row["message_id"],
+        project_id=row["project_id"],
+        author_kind=row["author_kind"],
+        thread_id=row["thread_id"],
+        text=row["text"],
+        created_at=to_timestamp(row["created_at"]),
+    )
+
+
+def event_visible_to(event: StoredEvent, owner: str | None) -> bool:
+    """Whether an event belongs to `owner` (None: every owner, for service tokens)."""
+    return owner is None or event.payload.get("owner_id") == owner
+
+
+class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer):
+    """ConversationsService over the handlers; every method verifies the caller's token first."""
+
+    def __init__(
+        self, handlers: ConversationsHandlers, event_log: EventLog, authority: TokenAuthority
+    ) -> None:
+        self._handlers = handlers
+        self._event_log = event_log
+        self._authority = authority
+
+    def _principal(self, context: grpc.aio.ServicerContext, scope: str) -> Principal:
+        principal = self._authority.verify_grpc(context)
+        principal.require(scope)
+        return principal
+
+    def _owner(self, principal: Principal, requested: str) -> str:
+        """The owner a call acts for (see the module docstring)."""
+        if principal.kind == "client":
+            return principal.owner_id
+        return requested or self._handlers.default_owner_id
+
+    def _stream_owner(self, principal: Principal, requested: str) -> str | None:
+        if principal.kind == "client":
+            return principal.owner_id
+        return requested or None
+
+    @translate_errors
+    async def RegisterThread(
+        self, request: pb.RegisterThreadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterThreadResponse:
+        """Registers (or refreshes) a thread seen by a worker."""
+        principal = self._principal(context, SCOPE_THREADS_REGISTER)
+        principal.require_worker(request.worker_id, request.node_id)
+        registration = Registration(
+            thread_id=request.thread_id,
+            node_id=request.node_id,
+            worker_id=request.worker_id,
+            owner_id=request.owner_id or self._handlers.default_owner_id,
+            codex_folder=request.codex_folder,
+            codex_thread_ref=request.codex_thread_ref,
+            title=request.title,
+            group_project_id=request.group_project_id,
+            is_master_main_thread=request.is_master_main_thread,
+        )
+        thread, created, project_id = await self._handlers.register_thread(registration)
+        return pb.RegisterThreadResponse(
+            thread=thread_message(thread), created=created, project_id=project_id
+        )
+
+    @translate_errors
+    async def ArchiveThread(
+        self, request: pb.ArchiveThreadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ArchiveThreadResponse:
+        """Archives a thread."""
+        principal = self._principal(context, SCOPE_CONVERSATIONS_WRITE)
+        thread = await self._handlers.archive_thread(
+            self._owner(principal, request.owner_id), request.thread_id
+        )
+        return pb.ArchiveThreadResponse(thread=thread_message(thread))
+
+    @translate_errors
+    async def ListConversations(
+        self, request: pb.ListConversationsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListConversationsResponse:
+        """The home list."""
+        principal = self._principal(context, SCOPE_CONVERSATIONS_READ)
+        rows, token = await self._handlers.list_conversations(
+            self._owner(principal, request.owner_id), request.page_size, request.page_token
+        )
+        return pb.ListConversationsResponse(
+            conversations=[conversation_message(row) for row in rows], next_page_token=token
+        )
+
+    @translate_errors
+    async def GetProject(
+        self, request: pb.GetProjectRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetProjectResponse:
+        """The project detail."""
+        principal = self._principal(context, SCOPE_CONVERSATIONS_READ)
+        detail = await self._handlers.get_project(
+            self._owner(principal, request.owner_id), request.project_id
+        )
+        return pb.GetProjectResponse(project=detail_message(detail))
+
+    @translate_errors
+    async def GetThreadContextBudget(
+        self, request: pb.GetThreadContextBudgetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetThreadContextBudgetResponse:
+        """The thread page."""
+        principal = self._principal(context, SCOPE_CONVERSATIONS_READ)
+        view = await self._handlers.get_thread_budget(
+            self._owner(principal, request.owner_id), request.thread_id
+        )
+        return pb.GetThreadContextBudgetResponse(thread_context_budget=budget_message(view))
+
+    @translate_errors
+    async def SetConversationPinned(
+        self, request: pb.SetConversationPinnedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetConversationPinnedResponse:
+        """Pins or unpins a conversation."""
+        principal = self._principal(context, SCOPE_CONVERSATIONS_WRITE)
+        row = await self._handlers.set_pinned(
+            self._owner(principal, request.owner_id), request.project_id, request.pinned
+        )
+        return pb.SetConversationPinnedResponse(conversation=conversation_message(row))
+
+    @translate_errors
+    async def RenameProject(
+        self, request: pb.RenameProjectRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RenameProjectResponse:
+        """Renames a project."""
+        principal = self._principal(context, SCOPE_CONVERSATIONS_WRITE)
+        row = await self._handlers.rename_project(
+            self._owner(principal, request.owner_id), request.project_id, request.title
+        )
+        return pb.RenameProjectResponse(conversation=conversation_message(row))
+
+    @translate_errors
+    async def CreateGroupProject(
+        self, request: pb.CreateGroupProjectRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateGroupProjectResponse:
+        """Creates a group project."""
+        principal = self._principal(context, SCOPE_CONVERSATIONS_WRITE)
+        detail = await self._handlers.create_group(
+            self._owner(principal, request.owner_id), request.title, list(request.thread_ids)
+        )
+        return pb.CreateGroupProjectResponse(project=detail_message(detail))
+
+    @translate_errors
+    async def AddMessage(
+        self, request: pb.AddMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AddMessageResponse:
+        """Stores a message."""
+        principal = self._principal(context, SCOPE_CONVERSATIONS_WRITE)
+        row = await self._handlers.add_message(
+            self._owner(principal, request.owner_id),
+            request.project_id,
+            request.author_kind,
+            request.thread_id,
+            request.text,
+        )
+        return pb.AddMessageResponse(message=message_message(row))
+
+    @translate_errors
+    async def ListMessages(
+        self, request: pb.ListMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListMessagesResponse:
+        """A project's messages."""
+        principal = self._principal(context, SCOPE_CONVERSATIONS_READ)
+        rows, token = await self._handlers.list_messages(
+            self._owner(principal, request.owner_id),
+            request.project_id,
+            request.page_size,
+            request.page_token,
+        )
+        return pb.ListMessagesResponse(messages=[message_message(row) for row in rows], next_page_token=token)
+
+    @translate_errors
+    async def ListEvents(
+        self, request: pb.ListEventsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListEventsResponse:
+        """One page of committed events after `after_sequence`, filtered by owner."""
+        principal = self._principal(context, SCOPE_EVENTS_READ)
+        if request.page_size < 0:
+            raise InvalidArgument([FieldViolation("page_size", "must not be negative")])
+        owner = self._stream_owner(principal, request.owner_id)
+        limit = min(request.page_size or 500, MAX_EVENTS_PAGE)
+        batch = await self._event_log.read_after(request.after_sequence, limit=limit)
+        scanned = batch[-1].sequence if batch else request.after_sequence
+        head = max(scanned, self._event_log.last_sequence)
+        return pb.ListEventsResponse(
+            events=[to_envelope(event) for event in batch if event_visible_to(event, owner)],
+            scanned_through_sequence=scanned,
+            head_sequence=head,
+        )
+
+    async def WatchEvents(
+        self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WatchEventsResponse]:
+        """Committed events after `after_sequence` (or the head), then live ones, filtered by owner."""
+        try:
+            principal = self._principal(context, SCOPE_EVENTS_READ)
+        except BossError as error:
+            await context.abort_with_status(grpc_status_of(error))
+            return
+        owner = self._stream_owner(principal, request.owner_id)
+        after = self._event_log.last_sequence if request.from_head else request.after_sequence
+        async for event in self._event_log.follow(after, types=list(request.types)):
+            if event_visible_to(event, owner):
+                yield pb.WatchEventsResponse(event=to_envelope(event))
+
+
+def payload_of(envelope_json: str) -> dict[str, Any]:
+    """The JSON payload of an envelope (helper for clients and tests)."""
+    value = json.loads(envelope_json or "{}")
+    return value if isinstance(value, dict) else {}

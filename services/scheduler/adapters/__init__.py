@@ -1,0 +1,1 @@
+"""Storage and upstream adapters of the scheduler (SQLAlchemy Core, gRPC clients)."""

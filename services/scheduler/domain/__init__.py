@@ -1,0 +1,1 @@
+"""Pure scheduling rules: no I/O, tested with plain values."""

@@ -1,0 +1,288 @@
+"""The per-thread state machine that applies one budget report: level actions (CB-7) and the
+pre-compaction guarantee (CB-3, CB-19).
+
+Guarantee. A thread is *at risk* on a report when its level is urgent or critical, or when its
+`compaction_expected_at` is at most `SchedulerSettings.compaction_horizon` after the report's
+`captured_at`. On the first at-risk report of a compaction epoch (the span between two compactions)
+a `prepare_handoff` command is issued, in the same transaction that stores the report; at critical it
+is issued once more unless the package is already ready ("run the wrap-up now"). Reports are applied
+in order, and a compaction is only visible in a *later* report (its `compaction_count` grew), so for
+every thread whose reports of an epoch passed through urgent/critical or the horizon, a
+`prepare_handoff` exists before the report that shows the compaction. When that report arrives and
+the epoch's package is not ready (or consumed), the decision carries `handoff_missing`: the service
+records a handoff_missing alert and publishes `thread.handoff.required`.
+
+Pure: ids come from the caller's `new_id`, time from the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from services.scheduler.domain.level_actions import flags_for, level_commands
+from services.scheduler.domain.model import (
+    BudgetReport,
+    CommandType,
+    Level,
+    PackageStatus,
+    SchedulerSettings,
+    ThreadState,
+)
+
+
+@dataclass(frozen=True)
+class CommandIntent:
+    """A command to persist for the thread's worker."""
+
+    command_id: str
+    command_type: CommandType
+    reason: str
+    handoff_package_id: str = ""
+    to_thread_id: str = ""
+
+
+@dataclass(frozen=True)
+class PackageIntent:
+    """A new draft handoff package to create for the thread."""
+
+    handoff_package_id: str
+    to_thread_id: str
+
+
+@dataclass(frozen=True)
+class CompactionSeen:
+    """A compaction shown by this report.
+
+    Attributes:
+        previous_count / count: compaction_count before and after.
+        prepare_issued: a prepare_handoff was issued in the epoch that ended.
+        was_at_risk: the epoch had at least one at-risk report.
+        package_ready: the epoch's package was ready or consumed when the compaction showed.
+        handoff_package_id: that package, when any.
+    """
+
+    previous_count: int
+    count: int
+    prepare_issued: bool
+    was_at_risk: bool
+    package_ready: bool
+    handoff_package_id: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What applying a report changes.
+
+    Attributes:
+        state: the thread's new state (the old one when `ignored`).
+        ignored: the report is older than (or the same as) the one already applied.
+        commands: commands to persist, in order.
+        new_package: a draft package to create (before `commands`, which may name it).
+        relay_thread_id: set when a relay thread was pre-created by this report.
+        compaction: set when this report shows a compaction.
+        handoff_missing: the compaction found no ready package (open the alert, publish required).
+        handoff_required_reason: set when a prepare_handoff is issued ("context_urgent",
+            "context_critical", "compaction_near").
+        level_changed: the level differs from the previous report's.
+    """
+
+    state: ThreadState
+    ignored: bool = False
+    commands: tuple[CommandIntent, ...] = ()
+    new_package: PackageIntent | None = None
+    relay_thread_id: str = ""
+    compaction: CompactionSeen | None = None
+    handoff_missing: bool = False
+    handoff_required_reason: str = ""
+    level_changed: bool = False
+    was_at_risk_in_epoch: bool = field(default=False)
+
+
+def is_at_risk(report: BudgetReport, settings: SchedulerSettings) -> bool:
+    """CB-19's trigger: urgent or critical, or the compaction expected within the horizon."""
+    if report.level in (Level.URGENT, Level.CRITICAL):
+        return True
+    expected = report.compaction_expected_at
+    return expected is not None and expected - report.captured_at <= settings.compaction_horizon
+
+
+def risk_reason(report: BudgetReport) -> str:
+    """Why a prepare_handoff is issued: context_critical, context_urgent or compaction_near."""
+    if report.level is Level.CRITICAL:
+        return "context_critical"
+    if report.level is Level.URGENT:
+        return "context_urgent"
+    return "compaction_near"
+
+
+def is_stale(state: ThreadState, report: BudgetReport) -> bool:
+    """True when `report` is not newer than the applied one (older capture, or same capture and a
+    version not above it): applying it again would repeat or undo work."""
+    if state.captured_at is None:
+        return False
+    if report.captured_at != state.captured_at:
+        return report.captured_at < state.captured_at
+    return report.snapshot_version <= state.snapshot_version
+
+
+def apply_report(
+    previous: ThreadState | None,
+    report: BudgetReport,
+    settings: SchedulerSettings,
+    new_id: Callable[[], str],
+) -> Decision:
+    """Applies one report to a thread's state.
+
+    Args:
+        previous: the thread's state, None for a thread never seen.
+        report: the report, in the order context_budget applied it.
+        settings: the horizon and other rules.
+        new_id: returns a fresh unique id (packages, relay threads, commands).
+
+    Returns:
+        The Decision; `ignored` for a stale or repeated report (nothing else set).
+    """
+    state = previous or ThreadState(thread_id=report.thread_id, epoch=report.compaction_count)
+    if previous is not None and is_stale(previous, report):
+        return Decision(state=previous, ignored=True)
+
+    compaction = None
+    handoff_missing = False
+    if previous is not None and report.compaction_count > previous.compaction_count:
+        package_ready = previous.package_epoch == previous.epoch and previous.current_package_status in (
+            PackageStatus.READY,
+            PackageStatus.CONSUMED,
+        )
+        compaction = CompactionSeen(
+            previous_count=previous.compaction_count,
+            count=report.compaction_count,
+            prepare_issued=previous.prepare_issued_at is not None,
+            was_at_risk="at_risk" in previous.commands_sent,
+            package_ready=package_ready,
+            handoff_package_id=previous.current_package_id
+            if previous.package_epoch == previous.epoch
+            else "",
+        )
+        handoff_missing = not package_ready
+        state = replace(
+            state,
+            epoch=report.compaction_count,
+            prepare_issued_at=None,
+            prepare_issued_at_critical=False,
+            commands_sent=frozenset(),
+            relay_thread_id="",
+        )
+
+    active = previous is None or report.last_total_tokens != previous.last_total_tokens
+    state = replace(
+        state,
+        project_id=report.project_id or state.project_id,
+        task_id=report.task_id,
+        node_id=report.node_id or state.node_id,
+        worker_id=report.worker_id or state.worker_id,
+        codex_folder=report.codex_folder or state.codex_folder,
+        level=report.level,
+        remaining_pct=report.remaining_pct,
+        reported_must_finish=report.must_finish,
+        reported_must_finish_reason=report.must_finish_reason if report.must_finish else "",
+        compaction_expected_at=report.compaction_expected_at,
+        compaction_count=report.compaction_count,
+        last_compaction_at=report.last_compaction_at,
+        snapshot_version=report.snapshot_version,
+        captured_at=report.captured_at,
+        last_total_tokens=report.last_total_tokens,
+        last_activity_at=report.captured_at if active else state.last_activity_at,
+    )
+    return _apply_level_actions(previous, state, report, settings, new_id, compaction, handoff_missing)
+
+
+def _apply_level_actions(
+    previous: ThreadState | None,
+    state: ThreadState,
+    report: BudgetReport,
+    settings: SchedulerSettings,
+    new_id: Callable[[], str],
+    compaction: CompactionSeen | None,
+    handoff_missing: bool,
+) -> Decision:
+    """CB-7 flags and commands, then the CB-19 prepare_handoff rule, on an updated state."""
+    flags = flags_for(report.level)
+    at_risk = is_at_risk(report, settings)
+    state = replace(
+        state,
+        no_large_context_appends=flags.no_large_context_appends,
+        finish_current_subtask=flags.finish_current_subtask,
+        context_growth_frozen=flags.context_growth_frozen,
+    )
+    has_epoch_package = state.package_epoch == state.epoch and state.current_package_status in (
+        PackageStatus.DRAFT,
+        PackageStatus.READY,
+    )
+    new_package = None
+    relay = ""
+    if (flags.needs_relay_thread or at_risk) and not state.relay_thread_id:
+        relay = f"relay-{new_id()}"
+        state = replace(state, relay_thread_id=relay)
+    if (flags.needs_draft_package or at_risk) and not has_epoch_package:
+        new_package = PackageIntent(handoff_package_id=new_id(), to_thread_id=state.relay_thread_id)
+        state = replace(
+            state,
+            current_package_id=new_package.handoff_package_id,
+            current_package_status=PackageStatus.DRAFT,
+            package_epoch=state.epoch,
+        )
+
+    sent = set(state.commands_sent)
+    commands: list[CommandIntent] = []
+    reason_text = _level_text(report)
+    for command_type in level_commands(report.level):
+        if command_type.value in sent:
+            continue
+        sent.add(command_type.value)
+        commands.append(
+            CommandIntent(new_id(), command_type, reason_text, to_thread_id=state.relay_thread_id)
+        )
+
+    required_reason = ""
+    package_ready = state.current_package_status is PackageStatus.READY and state.package_epoch == state.epoch
+    first_prepare = at_risk and state.prepare_issued_at is None
+    critical_prepare = (
+        report.level is Level.CRITICAL and not state.prepare_issued_at_critical and not package_ready
+    )
+    if first_prepare or critical_prepare:
+        required_reason = risk_reason(report)
+        commands.append(
+            CommandIntent(
+                new_id(),
+                CommandType.PREPARE_HANDOFF,
+                f"{required_reason}: {reason_text}",
+                handoff_package_id=state.current_package_id,
+                to_thread_id=state.relay_thread_id,
+            )
+        )
+        state = replace(
+            state,
+            prepare_issued_at=report.captured_at,
+            prepare_issued_at_critical=state.prepare_issued_at_critical or report.level is Level.CRITICAL,
+        )
+    if at_risk:
+        sent.add("at_risk")
+    state = replace(state, commands_sent=frozenset(sent))
+    return Decision(
+        state=state,
+        commands=tuple(commands),
+        new_package=new_package,
+        relay_thread_id=relay,
+        compaction=compaction,
+        handoff_missing=handoff_missing,
+        handoff_required_reason=required_reason,
+        level_changed=previous is None or previous.level != report.level,
+        was_at_risk_in_epoch="at_risk" in sent,
+    )
+
+
+def _level_text(report: BudgetReport) -> str:
+    """e.g. "level urgent (31.0 % left)"."""
+    level = report.level.value if report.level is not None else "unknown"
+    return f"level {level} ({report.remaining_pct:.1f} % left)"

@@ -1,0 +1,6 @@
+"""Alembic environment of the scheduler: its tables on one MetaData, in its own schema."""
+
+from services.scheduler.adapters.tables import metadata
+from services.shared.migrations import run_alembic_environment
+
+run_alembic_environment(metadata)

@@ -1,0 +1,147 @@
+"""Composition root of the scheduler: database, outbox, handlers, the consumer of context_budget's
+stream, the expiry sweeper and the gRPC host.
+
+Background tasks: the outbox sequencer, the `EventConsumer` following context_budget's
+`WatchEvents` (durable cursor `context_budget` in `event_cursors`, service token from
+`config.auth_secret()`), and a sweeper expiring handoff packages every 30 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import grpc
+from boss.common.v1 import events_pb2
+from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
+from boss.scheduler.v1 import scheduler_pb2_grpc
+
+from services.scheduler.adapters import tables
+from services.scheduler.domain.model import SchedulerSettings
+from services.scheduler.service import BUDGET_EVENT, SchedulerHandlers
+from services.scheduler.servicer import SchedulerServicer
+from services.shared import config
+from services.shared.auth import TokenAuthority, bearer_metadata
+from services.shared.db import Database
+from services.shared.event_stream import EventConsumer, StreamOpener
+from services.shared.grpc_server import ServiceHost
+from services.shared.migrations import upgrade_database
+from services.shared.outbox import EventLog
+
+SERVICE = "scheduler"
+SERVICE_NAME = "boss.scheduler.v1.SchedulerService"
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+EXPIRY_SWEEP_SECONDS = 30.0
+
+
+def settings_from_environment() -> SchedulerSettings:
+    """Scheduler rules from the environment (seconds): BOSS_SCHEDULER_COMPACTION_HORIZON_SECONDS
+    (600), BOSS_SCHEDULER_HANDOFF_TTL_SECONDS (86400), BOSS_SCHEDULER_IDLE_AFTER_SECONDS (120),
+    BOSS_SCHEDULER_REDELIVER_AFTER_SECONDS (30)."""
+
+    def seconds(name: str, default: float) -> timedelta:
+        return timedelta(seconds=float(os.environ.get(f"BOSS_SCHEDULER_{name}_SECONDS") or default))
+
+    return SchedulerSettings(
+        compaction_horizon=seconds("COMPACTION_HORIZON", 600),
+        handoff_ttl=seconds("HANDOFF_TTL", 86_400),
+        idle_after=seconds("IDLE_AFTER", 120),
+        redeliver_after=seconds("REDELIVER_AFTER", 30),
+    )
+
+
+async def migrate(url: str, schema: str = SERVICE) -> None:
+    """Applies the scheduler's migrations (in `schema`, default `scheduler`, on PostgreSQL)."""
+    await asyncio.to_thread(upgrade_database, url, schema, MIGRATIONS_DIR)
+
+
+def budget_stream_opener(address: str, token: str) -> StreamOpener:
+    """A StreamOpener for EventConsumer: context_budget's WatchEvents after a sequence, only
+    `thread.context.updated` (the other budget events carry nothing the scheduler needs)."""
+
+    async def open_stream(after_sequence: int) -> AsyncIterator[events_pb2.EventEnvelope]:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = context_budget_pb2_grpc.ContextBudgetServiceStub(channel)
+            call = stub.WatchEvents(
+                context_budget_pb2.WatchEventsRequest(after_sequence=after_sequence, types=[BUDGET_EVENT]),
+                metadata=bearer_metadata(token),
+            )
+            async for response in call:
+                yield response.event
+
+    return open_stream
+
+
+@dataclass
+class SchedulerApp:
+    """A wired scheduler: everything a process (or a test) runs."""
+
+    database: Database
+    event_log: EventLog
+    handlers: SchedulerHandlers
+    consumer: EventConsumer
+    host: ServiceHost
+
+
+def expiry_sweeper(handlers: SchedulerHandlers) -> Callable[[], Awaitable[None]]:
+    """A background loop expiring stale handoff packages every EXPIRY_SWEEP_SECONDS."""
+
+    async def sweep_forever() -> None:
+        while True:
+            await handlers.expire_packages()
+            await asyncio.sleep(EXPIRY_SWEEP_SECONDS)
+
+    return sweep_forever
+
+
+def build(
+    *,
+    database_url: str,
+    listen: str,
+    auth_secret: str,
+    context_budget_address: str,
+    settings: SchedulerSettings | None = None,
+    schema: str = SERVICE,
+) -> SchedulerApp:
+    """Wires the scheduler (nothing starts until `host.run()` / `host.start()`)."""
+    database = Database.connect(database_url, schema)
+    event_log = EventLog(database, tables.metadata)
+    handlers = SchedulerHandlers(database, event_log, settings or settings_from_environment())
+    authority = TokenAuthority(auth_secret)
+    consumer = EventConsumer(
+        stream_name="context_budget",
+        database=database,
+        cursors=tables.event_cursors,
+        open_stream=budget_stream_opener(context_budget_address, authority.issue_service(SERVICE)),
+        handle=handlers.apply_budget_events,
+        event_log=event_log,
+    )
+    servicer = SchedulerServicer(handlers, authority)
+    host = ServiceHost(
+        name=SERVICE,
+        listen=listen,
+        register=lambda server: scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server),
+        service_names=[SERVICE_NAME],
+        background=[event_log.run_sequencer, consumer.run, expiry_sweeper(handlers)],
+        on_stop=[database.dispose],
+    )
+    return SchedulerApp(database, event_log, handlers, consumer, host)
+
+
+async def serve() -> None:
+    """Runs the scheduler from the environment until SIGTERM/SIGINT."""
+    service = config.ServiceSettings.from_environment(SERVICE)
+    if service.migrate_on_start:
+        await migrate(service.database_url)
+    app = build(
+        database_url=service.database_url,
+        listen=service.listen,
+        auth_secret=service.auth_secret,
+        context_budget_address=config.service_address("context_budget"),
+    )
+    await app.event_log.ensure_sequencer_row()
+    await app.host.run()

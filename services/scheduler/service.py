@@ -1,0 +1,681 @@
+"""The scheduler's service layer: small handlers, each one unit of work (one transaction) that writes
+its state changes and outbox events together.
+
+Commands (imperative): ApplyBudgetEvents (the consumer's batch handler), UploadHandoffPackage,
+ConsumeHandoffPackage, AckWorkerCommand, SetMustFinishBeforeCompaction, SetThreadWorkFacts,
+ExpireHandoffPackages. Events (past tense) published: thread.handoff.required, thread.handoff.ready,
+thread.handoff.consumed, thread.handoff.expired, thread.schedule.updated,
+project.context_strategy.updated.
+
+`handoff_missing` alerts are kept here (table `handoff_alerts`), not in context_budget: the scheduler
+is the only context that knows whether a package was ready when the compaction showed, and contexts
+never write each other's tables. The alert is announced with `thread.handoff.required`
+(reason "handoff_missing").
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.scheduler.adapters.repository import AlertRow, CommandRow, SqlAlchemySchedulerRepository
+from services.scheduler.domain.guarantee import Decision, apply_report
+from services.scheduler.domain.handoff import (
+    HandoffPackage,
+    PackageContent,
+    check_transition,
+    draft_checklist,
+    is_expired,
+    normalise_checklist,
+)
+from services.scheduler.domain.model import (
+    BudgetReport,
+    PackageStatus,
+    SchedulerSettings,
+    ThreadState,
+    parse_level,
+)
+from services.scheduler.domain.ranking import (
+    RankedThread,
+    WorkChoice,
+    choose_thread_for_work,
+    rank_threads,
+    strategy_summary,
+)
+from services.shared.db import Database
+from services.shared.errors import (
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
+from services.shared.outbox import EventLog, NewEvent, StoredEvent
+from services.shared.time import isoformat_utc, utc_now
+
+log = logging.getLogger(__name__)
+
+BUDGET_EVENT = "thread.context.updated"
+
+
+def _parse_time(value: Any) -> datetime | None:
+    """An aware datetime from RFC 3339 text (None for empty / null)."""
+    if not value:
+        return None
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def report_from_event(event: StoredEvent) -> BudgetReport | None:
+    """The BudgetReport in a `thread.context.updated` event; None (logged) when it names no thread or
+    has no capture time."""
+    payload = event.payload
+    thread_id = str(payload.get("thread_id") or event.thread_id or "")
+    captured_at = _parse_time(payload.get("captured_at"))
+    if not thread_id or captured_at is None:
+        log.warning("event %s: %s without thread_id or captured_at; skipped", event.sequence, event.type)
+        return None
+    return BudgetReport(
+        thread_id=thread_id,
+        project_id=str(payload.get("project_id") or event.project_id or ""),
+        task_id=str(payload.get("task_id") or ""),
+        node_id=str(payload.get("node_id") or event.node_id or ""),
+        worker_id=str(payload.get("worker_id") or ""),
+        codex_folder=str(payload.get("codex_folder") or ""),
+        level=parse_level(payload.get("context_budget_level")),
+        remaining_pct=float(payload.get("context_budget_remaining_pct") or 0.0),
+        must_finish=bool(payload.get("must_finish_before_compaction")),
+        must_finish_reason=str(payload.get("must_finish_reason") or ""),
+        compaction_expected_at=_parse_time(payload.get("compaction_expected_at")),
+        compaction_count=int(payload.get("compaction_count") or 0),
+        last_compaction_at=_parse_time(payload.get("last_compaction_at")),
+        snapshot_version=int(payload.get("snapshot_version") or 0),
+        captured_at=captured_at,
+        last_total_tokens=int(payload.get("last_total_tokens") or 0),
+    )
+
+
+def package_payload(package: HandoffPackage) -> dict[str, Any]:
+    """The event payload describing a package's status."""
+    missing = [entry.item for entry in package.content.checklist if entry.status == "missing"]
+    return {
+        "handoff_package_id": package.handoff_package_id,
+        "thread_id": package.from_thread_id,
+        "from_thread_id": package.from_thread_id,
+        "to_thread_id": package.to_thread_id,
+        "project_id": package.project_id,
+        "node_id": package.node_id,
+        "package_status": package.package_status.value,
+        "created_at": isoformat_utc(package.created_at),
+        "ready_at": isoformat_utc(package.ready_at),
+        "consumed_at": isoformat_utc(package.consumed_at),
+        "missing_items": missing,
+    }
+
+
+def schedule_payload(state: ThreadState) -> dict[str, Any]:
+    """The `thread.schedule.updated` payload: the thread's CB-7 flags and handoff state."""
+    return {
+        "thread_id": state.thread_id,
+        "project_id": state.project_id,
+        "node_id": state.node_id,
+        "context_budget_level": state.level.value if state.level else None,
+        "no_large_context_appends": state.no_large_context_appends,
+        "finish_current_subtask": state.finish_current_subtask,
+        "context_growth_frozen": state.context_growth_frozen,
+        "relay_thread_id": state.relay_thread_id,
+        "handoff_package_id": state.current_package_id,
+        "package_status": state.current_package_status.value if state.current_package_status else None,
+        "must_finish_before_compaction": state.must_finish,
+        "must_finish_reason": state.must_finish_reason,
+    }
+
+
+class SchedulerHandlers:
+    """The scheduler's handlers over one database, repository and outbox.
+
+    Args:
+        database: the scheduler's database.
+        event_log: its outbox.
+        settings: horizon, time to live, idle and redelivery rules.
+        new_id: fresh unique ids (uuid4 hex by default; injectable for tests).
+        clock: the current time (UTC).
+    """
+
+    def __init__(
+        self,
+        database: Database,
+        event_log: EventLog,
+        settings: SchedulerSettings | None = None,
+        new_id: Callable[[], str] | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.database = database
+        self.event_log = event_log
+        self.settings = settings or SchedulerSettings()
+        self.repository = SqlAlchemySchedulerRepository(database.dialect)
+        self._new_id = new_id or (lambda: uuid.uuid4().hex)
+        self._clock = clock
+
+    # ---- consuming context_budget's stream -------------------------------------------------------
+
+    async def apply_budget_events(
+        self, connection: AsyncConnection, events: list[StoredEvent]
+    ) -> list[NewEvent]:
+        """EventConsumer batch handler: applies every `thread.context.updated` in order (other types
+        are skipped), persisting states, packages, commands and alerts; returns events to publish."""
+        reports = [
+            report for event in events if event.type == BUDGET_EVENT if (report := report_from_event(event))
+        ]
+        if not reports:
+            return []
+        now = self._clock()
+        states = await self.repository.threads_by_id(connection, (r.thread_id for r in reports))
+        published: list[NewEvent] = []
+        command_rows: list[dict[str, Any]] = []
+        packages: list[HandoffPackage] = []
+        changed: dict[str, ThreadState] = {}
+        for report in reports:
+            decision = apply_report(states.get(report.thread_id), report, self.settings, self._new_id)
+            if decision.ignored:
+                continue
+            states[report.thread_id] = decision.state
+            changed[report.thread_id] = decision.state
+            await self._persist_decision(connection, decision, report, now, command_rows, packages, published)
+        await self.repository.insert_packages(connection, packages)
+        await self.repository.save_threads(connection, list(changed.values()), now)
+        await self.repository.insert_commands(connection, command_rows)
+        published.extend(
+            await self._strategy_events(connection, {s.project_id for s in changed.values()}, now)
+        )
+        return published
+
+    async def _persist_decision(
+        self,
+        connection: AsyncConnection,
+        decision: Decision,
+        report: BudgetReport,
+        now: datetime,
+        command_rows: list[dict[str, Any]],
+        packages: list[HandoffPackage],
+        published: list[NewEvent],
+    ) -> None:
+        """Writes what one decision creates (alert, relay) and collects its package, commands and
+        events for the batch's bulk writes."""
+        state = decision.state
+        subject = {"thread_id": state.thread_id, "project_id": state.project_id, "node_id": state.node_id}
+        if decision.compaction is not None and decision.handoff_missing:
+            alert = AlertRow(
+                alert_id=self._new_id(),
+                thread_id=state.thread_id,
+                project_id=state.project_id,
+                alert_type="handoff_missing",
+                alert_status="opened",
+                reason=(
+                    f"compaction {decision.compaction.count} happened with no ready handoff package"
+                    + (" (prepare_handoff was issued)" if decision.compaction.prepare_issued else "")
+                ),
+                compaction_count=decision.compaction.count,
+                opened_at=now,
+                resolved_at=None,
+            )
+            await self.repository.insert_alert(connection, alert)
+            published.append(
+                NewEvent(
+                    "thread.handoff.required",
+                    {
+                        **subject,
+                        "reason": "handoff_missing",
+                        "alert_id": alert.alert_id,
+                        "handoff_package_id": decision.compaction.handoff_package_id,
+                        "compaction_count": decision.compaction.count,
+                        "prepare_handoff_issued": decision.compaction.prepare_issued,
+                    },
+                    thread_id=state.thread_id,
+                    project_id=state.project_id,
+                    node_id=state.node_id,
+                )
+            )
+        if decision.new_package is not None:
+            packages.append(
+                HandoffPackage(
+                    handoff_package_id=decision.new_package.handoff_package_id,
+                    project_id=state.project_id,
+                    task_id=state.task_id,
+                    from_thread_id=state.thread_id,
+                    to_thread_id=decision.new_package.to_thread_id,
+                    node_id=state.node_id,
+                    package_status=PackageStatus.DRAFT,
+                    content=PackageContent(checklist=draft_checklist()),
+                    epoch=state.epoch,
+                    created_at=now,
+                    expires_at=now + self.settings.handoff_ttl,
+                ),
+            )
+        elif decision.relay_thread_id and state.current_package_id:
+            await self.repository.set_package_relay(
+                connection, state.current_package_id, decision.relay_thread_id
+            )
+        for command in decision.commands:
+            command_rows.append(
+                {
+                    "command_id": command.command_id,
+                    "command_type": command.command_type.value,
+                    "thread_id": state.thread_id,
+                    "project_id": state.project_id,
+                    "node_id": state.node_id,
+                    "worker_id": state.worker_id,
+                    "handoff_package_id": command.handoff_package_id,
+                    "to_thread_id": command.to_thread_id,
+                    "codex_folder": state.codex_folder,
+                    "reason": command.reason,
+                    "command_status": "pending",
+                    "delivery_count": 0,
+                    "issued_at": now,
+                    "outcome": "",
+                    "outcome_detail": "",
+                }
+            )
+        if decision.handoff_required_reason:
+            prepare = decision.commands[-1]
+            published.append(
+                NewEvent(
+                    "thread.handoff.required",
+                    {
+                        **subject,
+                        "reason": decision.handoff_required_reason,
+                        "command_id": prepare.command_id,
+                        "handoff_package_id": prepare.handoff_package_id,
+                        "to_thread_id": prepare.to_thread_id,
+                        "context_budget_level": state.level.value if state.level else None,
+                        "context_budget_remaining_pct": state.remaining_pct,
+                        "compaction_expected_at": isoformat_utc(report.compaction_expected_at),
+                    },
+                    thread_id=state.thread_id,
+                    project_id=state.project_id,
+                    node_id=state.node_id,
+                )
+            )
+        if decision.commands or decision.level_changed or decision.new_package or decision.compaction:
+            published.append(
+                NewEvent(
+                    "thread.schedule.updated",
+                    schedule_payload(state),
+                    thread_id=state.thread_id,
+                    project_id=state.project_id,
+                    node_id=state.node_id,
+                )
+            )
+
+    async def _strategy_events(
+        self, connection: AsyncConnection, project_ids: set[str], now: datetime
+    ) -> list[NewEvent]:
+        """`project.context_strategy.updated` for each project whose summary changed."""
+        project_ids.discard("")
+        if not project_ids:
+            return []
+        previous = await self.repository.strategies(connection, project_ids)
+        by_project = await self.repository.threads_of_projects(connection, project_ids)
+        events = []
+        summaries: dict[str, str] = {}
+        for project_id in sorted(project_ids):
+            states = by_project[project_id]
+            ranked = rank_threads(states)
+            choice = choose_thread_for_work(states, now, self.settings.idle_after)
+            summary = strategy_summary(ranked, choice)
+            if previous.get(project_id) == summary:
+                continue
+            summaries[project_id] = summary
+            events.append(
+                NewEvent(
+                    "project.context_strategy.updated",
+                    {
+                        "project_id": project_id,
+                        "master_context_strategy_summary": summary,
+                        "ranked_thread_ids": [item.state.thread_id for item in ranked],
+                        "next_compaction_risk_thread_id": ranked[0].state.thread_id
+                        if ranked and ranked[0].state.level and ranked[0].state.level.severity >= 2
+                        else None,
+                        "threads_requiring_handoff": [
+                            s.thread_id for s in states if s.prepare_issued_at is not None
+                        ],
+                        "new_work_thread_id": choice.thread_id or None,
+                    },
+                    project_id=project_id,
+                )
+            )
+        await self.repository.save_strategies(connection, summaries, now)
+        return events
+
+    # ---- reads -----------------------------------------------------------------------------------
+
+    async def rank(self, project_id: str = "", limit: int = 0) -> tuple[list[RankedThread], str]:
+        """Ranked threads (all, or one project's) and the strategy summary."""
+        async with self.database.read() as connection:
+            states = await self.repository.threads(connection, project_id)
+        ranked = rank_threads(states)
+        choice = (
+            choose_thread_for_work(states, self._clock(), self.settings.idle_after) if project_id else None
+        )
+        summary = strategy_summary(ranked, choice)
+        return (ranked[:limit] if limit > 0 else ranked), summary
+
+    async def choose_thread(self, project_id: str, exclude: frozenset[str]) -> WorkChoice:
+        """The best thread of a project for new work. Raises InvalidArgument for an empty project_id."""
+        if not project_id:
+            raise InvalidArgument([FieldViolation("project_id", "required")])
+        async with self.database.read() as connection:
+            states = await self.repository.threads(connection, project_id)
+        return choose_thread_for_work(states, self._clock(), self.settings.idle_after, exclude)
+
+    async def thread_schedule(self, thread_id: str) -> tuple[ThreadState, HandoffPackage | None]:
+        """A thread's state and its current package. NotFound for an unknown thread."""
+        if not thread_id:
+            raise InvalidArgument([FieldViolation("thread_id", "required")])
+        async with self.database.read() as connection:
+            state = await self.repository.thread(connection, thread_id)
+            if state is None:
+                raise NotFound(f"thread {thread_id} is unknown to the scheduler", reason="THREAD_NOT_FOUND")
+            package = (
+                await self.repository.package(connection, state.current_package_id)
+                if state.current_package_id
+                else None
+            )
+        return state, package
+
+    async def package(self, handoff_package_id: str) -> HandoffPackage:
+        """One package. NotFound for an unknown id."""
+        if not handoff_package_id:
+            raise InvalidArgument([FieldViolation("handoff_package_id", "required")])
+        async with self.database.read() as connection:
+            package = await self.repository.package(connection, handoff_package_id)
+        if package is None:
+            raise NotFound(f"handoff package {handoff_package_id} does not exist", reason="PACKAGE_NOT_FOUND")
+        return package
+
+    async def packages_of_thread(self, thread_id: str) -> list[HandoffPackage]:
+        """A thread's packages, newest first."""
+        if not thread_id:
+            raise InvalidArgument([FieldViolation("thread_id", "required")])
+        async with self.database.read() as connection:
+            return await self.repository.packages_of_thread(connection, thread_id)
+
+    async def alerts(self, thread_id: str, project_id: str, open_only: bool) -> list[AlertRow]:
+        """handoff_missing alerts, newest first."""
+        async with self.database.read() as connection:
+            return await self.repository.alerts(connection, thread_id, project_id, open_only)
+
+    # ---- master-agent changes --------------------------------------------------------------------
+
+    async def set_must_finish(self, thread_id: str, must_finish: bool, reason: str) -> ThreadState:
+        """Sets or clears the master's CB-8 flag. InvalidArgument without a reason when setting;
+        NotFound for an unknown thread. The worker's own flag is unaffected."""
+        violations = []
+        if not thread_id:
+            violations.append(FieldViolation("thread_id", "required"))
+        if must_finish and not reason.strip():
+            violations.append(FieldViolation("reason", "required when setting must_finish_before_compaction"))
+        if violations:
+            raise InvalidArgument(violations)
+        return await self._update_thread(
+            thread_id,
+            lambda s: replace(
+                s,
+                master_must_finish=must_finish,
+                master_must_finish_reason=reason.strip() if must_finish else "",
+            ),
+        )
+
+    async def set_work_facts(
+        self, thread_id: str, importance: int, patch: bool, tests: bool, hardware: bool, busy: bool
+    ) -> ThreadState:
+        """Records the ranking's task facts. InvalidArgument for importance outside 0-100."""
+        violations = []
+        if not thread_id:
+            violations.append(FieldViolation("thread_id", "required"))
+        if not 0 <= importance <= 100:
+            violations.append(FieldViolation("task_importance", "must be between 0 and 100"))
+        if violations:
+            raise InvalidArgument(violations)
+        return await self._update_thread(
+            thread_id,
+            lambda s: replace(
+                s,
+                task_importance=importance,
+                unsolidified_patch=patch,
+                unsolidified_test_results=tests,
+                hardware_test_in_progress=hardware,
+                busy=busy,
+            ),
+        )
+
+    async def _update_thread(
+        self, thread_id: str, change: Callable[[ThreadState], ThreadState]
+    ) -> ThreadState:
+        now = self._clock()
+        async with self.database.transaction() as connection:
+            state = await self.repository.thread(connection, thread_id)
+            if state is None:
+                raise NotFound(f"thread {thread_id} is unknown to the scheduler", reason="THREAD_NOT_FOUND")
+            state = change(state)
+            await self.repository.save_threads(connection, [state], now)
+            events = [
+                NewEvent(
+                    "thread.schedule.updated",
+                    schedule_payload(state),
+                    thread_id=state.thread_id,
+                    project_id=state.project_id,
+                    node_id=state.node_id,
+                )
+            ]
+            events.extend(await self._strategy_events(connection, {state.project_id}, now))
+            await self.event_log.append(connection, events)
+        self.event_log.kick()
+        return state
+
+    # ---- handoff packages ------------------------------------------------------------------------
+
+    async def upload_package(
+        self, worker_id: str, node_id: str, command_id: str, handoff_package_id: str, content: PackageContent
+    ) -> HandoffPackage:
+        """A worker's package: draft|ready -> ready. Idempotent for a repeated command_id.
+
+        Raises InvalidArgument (missing ids), NotFound (unknown package), PermissionDenied (the
+        thread belongs to another worker or node), FailedPrecondition (consumed or expired).
+        """
+        violations = [
+            FieldViolation(name, "required")
+            for name, value in (
+                ("worker_id", worker_id),
+                ("node_id", node_id),
+                ("handoff_package.handoff_package_id", handoff_package_id),
+            )
+            if not value
+        ]
+        if violations:
+            raise InvalidArgument(violations)
+        now = self._clock()
+        async with self.database.transaction() as connection:
+            package = await self.repository.package(connection, handoff_package_id, for_update=True)
+            if package is None:
+                raise NotFound(
+                    f"handoff package {handoff_package_id} does not exist", reason="PACKAGE_NOT_FOUND"
+                )
+            state = await self.repository.thread(connection, package.from_thread_id)
+            owner = (state.worker_id, state.node_id) if state else ("", package.node_id)
+            if owner != (worker_id, node_id):
+                raise PermissionDenied(
+                    f"thread {package.from_thread_id} belongs to worker {owner[0]!r} on node {owner[1]!r}",
+                    reason="NOT_THREAD_OWNER",
+                )
+            if (
+                command_id
+                and package.last_command_id == command_id
+                and package.package_status is PackageStatus.READY
+            ):
+                return package
+            if is_expired(package.package_status, package.expires_at, now):
+                raise FailedPrecondition(
+                    f"handoff package {handoff_package_id} expired", reason="PACKAGE_EXPIRED"
+                )
+            check_transition(handoff_package_id, package.package_status, PackageStatus.READY)
+            content = replace(content, checklist=normalise_checklist(list(content.checklist)))
+            package = replace(
+                package,
+                package_status=PackageStatus.READY,
+                content=content,
+                ready_at=now,
+                expires_at=now + self.settings.handoff_ttl,
+                last_command_id=command_id or package.last_command_id,
+            )
+            await self.repository.save_package(connection, package)
+            events = [
+                NewEvent(
+                    "thread.handoff.ready",
+                    package_payload(package),
+                    thread_id=package.from_thread_id,
+                    project_id=package.project_id,
+                    node_id=package.node_id,
+                )
+            ]
+            if state is not None and state.current_package_id == package.handoff_package_id:
+                state = replace(state, current_package_status=PackageStatus.READY)
+                await self.repository.save_threads(connection, [state], now)
+            await self.repository.resolve_alerts(connection, package.from_thread_id, now)
+            await self.event_log.append(connection, events)
+        self.event_log.kick()
+        return package
+
+    async def consume_package(self, handoff_package_id: str, consumed_by: str) -> HandoffPackage:
+        """ready -> consumed by the relay thread (default: the package's to_thread_id).
+        NotFound for an unknown id; FailedPrecondition from any other status."""
+        if not handoff_package_id:
+            raise InvalidArgument([FieldViolation("handoff_package_id", "required")])
+        now = self._clock()
+        async with self.database.transaction() as connection:
+            package = await self.repository.package(connection, handoff_package_id, for_update=True)
+            if package is None:
+                raise NotFound(
+                    f"handoff package {handoff_package_id} does not exist", reason="PACKAGE_NOT_FOUND"
+                )
+            check_transition(handoff_package_id, package.package_status, PackageStatus.CONSUMED)
+            package = replace(
+                package,
+                package_status=PackageStatus.CONSUMED,
+                consumed_at=now,
+                consumed_by_thread_id=consumed_by or package.to_thread_id,
+            )
+            await self.repository.save_package(connection, package)
+            await self._sync_thread_package(connection, package, now)
+            await self.event_log.append(
+                connection,
+                [
+                    NewEvent(
+                        "thread.handoff.consumed",
+                        {**package_payload(package), "consumed_by_thread_id": package.consumed_by_thread_id},
+                        thread_id=package.from_thread_id,
+                        project_id=package.project_id,
+                        node_id=package.node_id,
+                    )
+                ],
+            )
+        self.event_log.kick()
+        return package
+
+    async def expire_packages(self) -> int:
+        """Expires every draft or ready package past its time to live; returns how many."""
+        now = self._clock()
+        async with self.database.transaction() as connection:
+            expired = await self.repository.expirable_packages(connection, now)
+            for package in expired:
+                await self._expire(connection, package)
+        if expired:
+            self.event_log.kick()
+        return len(expired)
+
+    async def _expire(self, connection: AsyncConnection, package: HandoffPackage) -> HandoffPackage:
+        package = replace(package, package_status=PackageStatus.EXPIRED)
+        await self.repository.save_package(connection, package)
+        await self._sync_thread_package(connection, package, self._clock())
+        await self.event_log.append(
+            connection,
+            [
+                NewEvent(
+                    "thread.handoff.expired",
+                    package_payload(package),
+                    thread_id=package.from_thread_id,
+                    project_id=package.project_id,
+                    node_id=package.node_id,
+                )
+            ],
+        )
+        return package
+
+    async def _sync_thread_package(
+        self, connection: AsyncConnection, package: HandoffPackage, now: datetime
+    ) -> None:
+        state = await self.repository.thread(connection, package.from_thread_id)
+        if state is not None and state.current_package_id == package.handoff_package_id:
+            await self.repository.save_threads(
+                connection, [replace(state, current_package_status=package.package_status)], now
+            )
+
+    # ---- worker commands -------------------------------------------------------------------------
+
+    async def ack_command(
+        self, worker_id: str, node_id: str, command_id: str, outcome: str, detail: str
+    ) -> CommandRow:
+        """Acknowledges a command. Idempotent; NotFound for an unknown id; PermissionDenied when it
+        is another worker's or node's; InvalidArgument for a missing id or outcome."""
+        violations = [
+            FieldViolation(name, "required")
+            for name, value in (("command_id", command_id), ("outcome", outcome))
+            if not value
+        ]
+        if violations:
+            raise InvalidArgument(violations)
+        now = self._clock()
+        async with self.database.transaction() as connection:
+            command = await self.repository.command(connection, command_id)
+            if command is None:
+                raise NotFound(f"command {command_id} does not exist", reason="COMMAND_NOT_FOUND")
+            if (command.worker_id, command.node_id) != (worker_id, node_id):
+                raise PermissionDenied(
+                    f"command {command_id} is for worker {command.worker_id!r} on node {command.node_id!r}",
+                    reason="NOT_COMMAND_RECIPIENT",
+                )
+            if command.command_status != "acked":
+                await self.repository.ack_command(connection, command_id, outcome, detail, now)
+                command = await self.repository.command(connection, command_id)
+        assert command is not None
+        return command
+
+    async def follow_commands(
+        self, worker_id: str, node_id: str, poll_seconds: float = 1.0
+    ) -> AsyncIterator[CommandRow]:
+        """Commands for a worker on a node: every unacknowledged one first, then new ones as their
+        transactions commit (woken by the outbox sequencer, else every `poll_seconds`), and again any
+        left unacknowledged for `redeliver_after`. Each is counted as delivered before it is yielded.
+        Runs until the caller stops iterating."""
+        first = True
+        while True:
+            seen = self.event_log.last_sequence
+            now = self._clock()
+            async with self.database.transaction() as connection:
+                due = await self.repository.due_commands(
+                    connection,
+                    worker_id,
+                    node_id,
+                    now - self.settings.redeliver_after,
+                    include_delivered=first,
+                )
+                await self.repository.mark_delivered(connection, [c.command_id for c in due], now)
+            first = False
+            for command in due:
+                yield replace(command, command_status="delivered", delivery_count=command.delivery_count + 1)
+            await self.event_log.wait_beyond(seen, poll_seconds)

@@ -1,0 +1,58 @@
+"""/healthz and /readyz: liveness needs nothing; readiness is context_budget's gRPC health check
+(the peer is the context_budget test double, which serves the standard health service)."""
+
+from __future__ import annotations
+
+from tests.integration.bff_gateway.support import Gateway
+
+
+async def test_healthz_needs_no_token_and_no_backend(gateway_without_backend: Gateway) -> None:
+    response = await gateway_without_backend.http.get("/healthz")
+
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "checks": {}}
+
+
+async def test_readyz_is_ready_when_context_budget_serves(gateway: Gateway) -> None:
+    response = await gateway.http.get("/readyz")
+
+    assert response.status_code == 200
+    assert response.json() == {"status": "ready", "checks": {"context_budget": "SERVING"}}
+
+
+async def test_readyz_is_503_when_context_budget_is_down(gateway_without_backend: Gateway) -> None:
+    response = await gateway_without_backend.http.get("/readyz")
+
+    assert response.status_code == 503
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.headers["retry-after"] == "7"
+    assert "context_budget" in response.json()["detail"]
+
+
+async def test_unknown_route_is_404_problem(gateway: Gateway) -> None:
+    response = await gateway.http.get("/api/v1/nothing-here")
+
+    assert response.status_code == 404
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["instance"] == "/api/v1/nothing-here"
+
+
+async def test_openapi_declares_bearer_auth_and_problem_responses(gateway: Gateway) -> None:
+    document = (await gateway.http.get("/openapi.json")).json()
+
+    assert document["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "JWT",
+        "description": document["components"]["securitySchemes"]["bearer"]["description"],
+    }
+    ingest = document["paths"]["/api/v1/workers/{worker_id}/thread-context"]["post"]
+    assert ingest["security"] == [{"bearer": []}]
+    for status in ("400", "401", "403", "404", "413", "422", "503"):
+        content = ingest["responses"][status]["content"]
+        assert list(content) == ["application/problem+json"], status
+        assert content["application/problem+json"]["schema"] == {"$ref": "#/components/schemas/Problem"}
+    percent = document["components"]["schemas"]["ThreadContextReport"]["properties"][
+        "context_budget_remaining_pct"
+    ]
+    assert (percent["minimum"], percent["maximum"]) == (0, 100)

@@ -1,0 +1,226 @@
+"""The gateway's conversation endpoints and SSE stream against a running conversations service (real
+gRPC, SQLite and PostgreSQL): home list rings, project detail, thread page, pin/rename/group, the
+error cases (404, 400, 403, 401 problem+json), and SSE resume with nothing missed or repeated."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from boss.conversations.v1 import conversations_pb2 as pb
+
+from tests.conftest import DatabaseTarget
+from tests.integration.bff_gateway_conversations.support import RunningGateway, SseReader, serve_gateway
+from tests.integration.conversations.stack import Stack, budget_payload, running_stack
+
+PROBLEM = "application/problem+json"
+
+
+@pytest.fixture
+async def stack(database_target: DatabaseTarget, tmp_path: Path) -> AsyncIterator[Stack]:
+    async with running_stack(database_target, tmp_path) as running:
+        yield running
+
+
+@pytest.fixture
+async def gateway(stack: Stack) -> AsyncIterator[RunningGateway]:
+    async with serve_gateway(stack, heartbeat_seconds=0.3) as running:
+        yield running
+
+
+async def register(stack: Stack, thread_id: str, node_id: str = "node-a") -> str:
+    response = await stack.stub.RegisterThread(
+        pb.RegisterThreadRequest(
+            thread_id=thread_id, node_id=node_id, worker_id="worker-a", codex_folder=f"/srv/{thread_id}"
+        ),
+        metadata=stack.worker("worker-a", node_id),
+    )
+    return response.project_id
+
+
+async def test_home_list_detail_and_thread_page_agree(gateway: RunningGateway, stack: Stack) -> None:
+    project_id = await register(stack, "th-1")
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 52.4, "watch"))
+    await stack.settle()
+
+    listing = await gateway.http.get("/api/v1/conversations", headers=gateway.headers())
+    assert listing.status_code == 200
+    row = listing.json()["conversations"][0]
+    assert row["context_budget_indicator"] == {
+        "visible": True,
+        "style": "ring_percent",
+        "percent": 52,
+        "level": "watch",
+    }
+    assert row["conversation_type"] == "single_device" and row["project_id"] == project_id
+    assert row["context_budget_source_node_id"] == "node-a" and row["must_finish_before_compaction"] is False
+    detail = (await gateway.http.get(f"/api/v1/projects/{project_id}", headers=gateway.headers())).json()
+    page = (await gateway.http.get("/api/v1/threads/th-1/context-summary", headers=gateway.headers())).json()
+    assert (detail["active_thread_contexts"][0]["percent"], detail["active_thread_contexts"][0]["level"]) == (
+        52,
+        "watch",
+    )
+    assert (page["context"]["percent"], page["context"]["level"]) == (52, "watch")
+    assert page["codex_folder"] == "/srv/th-1" and page["handoff_status"] == "none"
+
+
+async def test_pin_rename_and_group(gateway: RunningGateway, stack: Stack) -> None:
+    first = await register(stack, "th-1")
+    second = await register(stack, "th-2", node_id="node-b")
+    pinned = await gateway.http.put(f"/api/v1/projects/{second}/pin", headers=gateway.headers())
+    assert pinned.status_code == 200 and pinned.json()["manual_pinned"] is True
+    renamed = await gateway.http.patch(
+        f"/api/v1/projects/{first}", json={"project_title": "Line B"}, headers=gateway.headers()
+    )
+    assert renamed.json()["project_title"] == "Line B"
+    group = await gateway.http.post(
+        "/api/v1/projects",
+        json={"project_title": "Pilot", "thread_ids": ["th-1", "th-2"]},
+        headers=gateway.headers(),
+    )
+    assert group.status_code == 201
+    body = group.json()
+    assert body["conversation_type"] == "group" and body["context_budget_indicator"]["visible"] is False
+    assert {t["thread_id"] for t in body["active_thread_contexts"]} == {"th-1", "th-2"}
+    order = [
+        r["project_id"]
+        for r in (await gateway.http.get("/api/v1/conversations", headers=gateway.headers())).json()[
+            "conversations"
+        ]
+    ]
+    assert order[0] == second
+    unpinned = await gateway.http.delete(f"/api/v1/projects/{second}/pin", headers=gateway.headers())
+    assert unpinned.json()["manual_pinned"] is False
+
+
+async def test_errors_are_problems(gateway: RunningGateway, stack: Stack) -> None:
+    project_id = await register(stack, "th-1")
+    missing = await gateway.http.get("/api/v1/projects/nope", headers=gateway.headers())
+    assert missing.status_code == 404 and missing.headers["content-type"] == PROBLEM
+    bad_token = await gateway.http.get("/api/v1/conversations?page_token=garbage", headers=gateway.headers())
+    assert bad_token.status_code == 400 and bad_token.headers["content-type"] == PROBLEM
+    assert [e["field"] for e in bad_token.json()["errors"]] == ["page_token"]
+    foreign = await gateway.http.get(f"/api/v1/projects/{project_id}", headers=gateway.headers("mallory"))
+    assert foreign.status_code == 404
+    worker = {"Authorization": f"Bearer {stack.authority.issue_worker('worker-a', 'node-a')}"}
+    assert (await gateway.http.get("/api/v1/conversations", headers=worker)).status_code == 403
+    assert (await gateway.http.get("/api/v1/conversations")).status_code == 401
+    short_group = await gateway.http.post(
+        "/api/v1/projects", json={"project_title": "x", "thread_ids": ["th-1"]}, headers=gateway.headers()
+    )
+    assert short_group.status_code == 422 and short_group.json()["errors"][0]["field"] == "thread_ids"
+    unknown_thread = await gateway.http.post(
+        "/api/v1/projects",
+        json={"project_title": "x", "thread_ids": ["th-1", "ghost"]},
+        headers=gateway.headers(),
+    )
+    assert unknown_thread.status_code == 404
+
+
+async def test_sse_headers_live_event_and_exact_resume(gateway: RunningGateway, stack: Stack) -> None:
+    await register(stack, "th-1")
+    await stack.settle()
+    token = gateway.token()
+    async with gateway.http.stream("GET", f"/api/v1/events?access_token={token}") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["cache-control"] == "no-cache"
+        assert response.headers["x-accel-buffering"] == "no"
+        assert "content-encoding" not in response.headers
+        reader = SseReader(response)
+        opened = await reader.next_event()
+        assert opened.event == "stream.opened"
+        await stack.budget.publish("thread.context.updated", budget_payload("th-1", 71.0, "safe", version=1))
+        live = await reader.events_until(lambda e: e.event == "conversation.context_indicator.updated")
+        assert int(live[-1].id) > int(opened.id)
+        assert live[-1].data["context_budget_indicator"]["percent"] == 71
+        last_seen = live[-1].id
+
+    for version in (2, 3, 4):  # missed while disconnected
+        await stack.budget.publish(
+            "thread.context.updated", budget_payload("th-1", 70.0 - version, "safe", version=version)
+        )
+        await stack.settle()
+    expected = [
+        e.sequence
+        for e in (
+            await stack.stub.ListEvents(
+                pb.ListEventsRequest(after_sequence=int(last_seen)), metadata=stack.client()
+            )
+        ).events
+    ]
+    assert len(expected) >= 6
+
+    async with gateway.http.stream(
+        "GET", "/api/v1/events", headers={**gateway.headers(), "Last-Event-ID": last_seen}
+    ) as response:
+        reader = SseReader(response)
+        resumed = [await reader.next_event() for _ in expected]
+        assert [int(e.id) for e in resumed] == expected
+        await stack.budget.publish("thread.context.updated", budget_payload("th-1", 50.0, "watch", version=9))
+        after = await reader.events_until(lambda e: e.event == "conversation.context_indicator.updated")
+        assert all(int(e.id) > expected[-1] for e in after)
+        assert after[-1].data["context_budget_indicator"] == {
+            "visible": True,
+            "style": "ring_percent",
+            "percent": 50,
+            "level": "watch",
+        }
+
+
+async def test_sse_shows_only_the_callers_owner_and_sends_heartbeats(
+    gateway: RunningGateway, stack: Stack
+) -> None:
+    await register(stack, "th-1")
+    async with gateway.http.stream(
+        "GET", f"/api/v1/events?access_token={gateway.token('mallory')}"
+    ) as response:
+        reader = SseReader(response)
+        assert (await reader.next_event()).event == "stream.opened"
+        await stack.budget.publish("thread.context.updated", budget_payload("th-1", 33.0, "urgent"))
+        await stack.settle()
+        with pytest.raises(TimeoutError):
+            await reader.next_event(timeout=1.0)
+        assert reader.pings >= 2
+
+
+async def test_sse_bad_last_event_ids(gateway: RunningGateway, stack: Stack) -> None:
+    bad = await gateway.http.get("/api/v1/events", headers={**gateway.headers(), "Last-Event-ID": "abc"})
+    assert bad.status_code == 400 and bad.headers["content-type"] == PROBLEM
+    assert bad.json()["errors"][0]["field"] == "Last-Event-ID"
+    no_token = await gateway.http.get("/api/v1/events")
+    assert no_token.status_code == 401
+    await register(stack, "th-1")
+    await stack.settle()
+    async with gateway.http.stream(
+        "GET", "/api/v1/events", headers={**gateway.headers(), "Last-Event-ID": "999999"}
+    ) as response:
+        reader = SseReader(response)
+        resync = await reader.next_event()
+        assert resync.event == "stream.resync"
+        assert resync.data["last_event_id"] == 999999 and int(resync.id) == resync.data["head_sequence"] >= 2
+
+
+async def test_many_sse_clients_all_get_the_event(gateway: RunningGateway, stack: Stack) -> None:
+    await register(stack, "th-1")
+    await stack.settle()
+    token = gateway.token()
+
+    async def one_client(ready: asyncio.Event, started: list[int]) -> int:
+        async with gateway.http.stream("GET", f"/api/v1/events?access_token={token}") as response:
+            reader = SseReader(response)
+            await reader.next_event()
+            started.append(1)
+            if len(started) == 20:
+                ready.set()
+            events = await reader.events_until(lambda e: e.event == "conversation.context_indicator.updated")
+            return events[-1].data["context_budget_indicator"]["percent"]
+
+    ready = asyncio.Event()
+    started: list[int] = []
+    clients = [asyncio.create_task(one_client(ready, started)) for _ in range(20)]
+    await asyncio.wait_for(ready.wait(), 10)
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 44.0, "watch"))
+    assert await asyncio.wait_for(asyncio.gather(*clients), 10) == [44] * 20

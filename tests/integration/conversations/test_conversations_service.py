@@ -1,0 +1,309 @@
+"""The conversations service end to end over real gRPC, on SQLite and PostgreSQL: registration, the
+home list fed by context_budget events (CB-12, CB-16), the project detail (CB-13), the thread page
+(CB-14), handoff events from the scheduler, owner isolation, paging, errors and the event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+from boss.conversations.v1 import conversations_pb2 as pb
+from grpc_status import rpc_status
+
+from services.shared.errors import field_violations_of
+from tests.conftest import DatabaseTarget
+from tests.integration.conversations.stack import Stack, budget_payload, running_stack
+
+
+@pytest.fixture
+async def stack(database_target: DatabaseTarget, tmp_path: Path):  # type: ignore[no-untyped-def]
+    async with running_stack(database_target, tmp_path) as running:
+        yield running
+
+
+async def register(stack: Stack, thread_id: str, **fields: object) -> pb.RegisterThreadResponse:
+    request = pb.RegisterThreadRequest(
+        thread_id=thread_id,
+        node_id="node-a",
+        worker_id="worker-a",
+        codex_folder=f"/home/dev/{thread_id}",
+        codex_thread_ref=f"ref-{thread_id}",
+        **fields,
+    )  # type: ignore[arg-type]
+    return await stack.stub.RegisterThread(request, metadata=stack.worker())
+
+
+async def home(stack: Stack, owner: str = "local", **fields: object) -> pb.ListConversationsResponse:
+    return await stack.stub.ListConversations(
+        pb.ListConversationsRequest(**fields),  # type: ignore[arg-type]
+        metadata=stack.client(owner),
+    )
+
+
+async def events_of(stack: Stack, after: int = 0, owner: str = "local") -> list[tuple[str, dict]]:
+    page = await stack.stub.ListEvents(
+        pb.ListEventsRequest(after_sequence=after), metadata=stack.client(owner)
+    )
+    return [(e.type, json.loads(e.payload_json)) for e in page.events]
+
+
+async def test_registration_creates_a_single_device_project_once(stack: Stack) -> None:
+    first = await register(stack, "th-1", title="North line regression")
+    again = await register(stack, "th-1", title="North line regression")
+
+    assert first.created and not again.created
+    assert first.project_id == again.project_id and first.project_id.startswith("proj-")
+    assert first.thread.codex_thread_ref == "ref-th-1" and first.thread.node_id == "node-a"
+    rows = (await home(stack)).conversations
+    assert [(r.project_id, r.project_title, r.conversation_type) for r in rows] == [
+        (first.project_id, "North line regression", pb.CONVERSATION_TYPE_SINGLE_DEVICE)
+    ]
+    assert rows[0].conversation_id == f"conv-{first.project_id}"
+    assert not rows[0].context_budget_indicator.visible
+
+
+async def test_budget_events_drive_the_ring_detail_and_thread_page_identically(stack: Stack) -> None:
+    project_id = (await register(stack, "th-1")).project_id
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 52.7, "watch", version=1))
+    await stack.settle()
+
+    row = (await home(stack)).conversations[0]
+    assert row.context_budget_indicator == pb.ContextBudgetIndicator(
+        visible=True, style="ring_percent", percent=52, level="watch"
+    )
+    assert row.context_budget_source_node_id == "node-a"
+    assert row.context_budget_updated_at.ToDatetime().isoformat().startswith("2026-03-25T01:00:01.005")
+    detail = (
+        await stack.stub.GetProject(pb.GetProjectRequest(project_id=project_id), metadata=stack.client())
+    ).project
+    page = (
+        await stack.stub.GetThreadContextBudget(
+            pb.GetThreadContextBudgetRequest(thread_id="th-1"), metadata=stack.client()
+        )
+    ).thread_context_budget
+    shown = {
+        (row.context_budget_indicator.percent, row.context_budget_indicator.level),
+        (detail.active_thread_contexts[0].percent, detail.active_thread_contexts[0].level),
+        (page.context.percent, page.context.level),
+    }
+    assert shown == {(52, "watch")}
+    assert page.context.remaining_pct == pytest.approx(52.7)
+    assert page.wrap_up_checklist == []  # watch and nothing to finish: no checklist yet
+
+    await stack.budget.publish(
+        "thread.context.updated",
+        budget_payload("th-1", 21.0, "critical", version=2, must_finish_before_compaction=True),
+    )
+    await stack.settle()
+    row = (await home(stack)).conversations[0]
+    assert (row.context_budget_indicator.percent, row.context_budget_indicator.level) == (21, "critical")
+    assert row.must_finish_before_compaction
+    detail = (
+        await stack.stub.GetProject(pb.GetProjectRequest(project_id=project_id), metadata=stack.client())
+    ).project
+    assert detail.next_compaction_risk_thread_id == "th-1"
+    assert list(detail.threads_requiring_handoff) == ["th-1"]
+    assert "Critical" in detail.master_context_strategy_summary
+    page = (
+        await stack.stub.GetThreadContextBudget(
+            pb.GetThreadContextBudgetRequest(thread_id="th-1"), metadata=stack.client()
+        )
+    ).thread_context_budget
+    assert [item.key for item in page.wrap_up_checklist][:2] == ["files_touched", "patches"]
+    assert not any(item.done for item in page.wrap_up_checklist)
+
+    types = [t for t, _ in await events_of(stack)]
+    assert types.count("conversation.context_indicator.updated") == 2
+    assert types.count("project.context_risk.updated") == 2
+    indicator_events = [p for t, p in await events_of(stack) if t == "conversation.context_indicator.updated"]
+    assert indicator_events[-1]["context_budget_indicator"] == {
+        "visible": True,
+        "style": "ring_percent",
+        "percent": 21,
+        "level": "critical",
+    }
+
+
+async def test_older_or_replayed_readings_change_nothing(stack: Stack) -> None:
+    await register(stack, "th-1")
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 40.0, "watch", version=5))
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 90.0, "safe", version=4))
+    await stack.settle()
+    row = (await home(stack)).conversations[0]
+    assert row.context_budget_indicator.percent == 40
+
+
+async def test_unregistered_reporting_thread_is_imported_for_the_default_owner(stack: Stack) -> None:
+    await stack.budget.publish("thread.context.updated", budget_payload("th-new", 75.0, "safe"))
+    await stack.settle()
+    rows = (await home(stack)).conversations
+    assert [(r.project_title, r.context_budget_indicator.percent) for r in rows] == [("north-line", 75)]
+
+
+async def test_group_hides_the_ring_and_detail_lists_every_thread(stack: Stack) -> None:
+    await register(stack, "th-1")
+    await stack.stub.RegisterThread(
+        pb.RegisterThreadRequest(thread_id="th-2", node_id="node-b", worker_id="w-b"),
+        metadata=stack.worker("w-b", "node-b"),
+    )
+    group = (
+        await stack.stub.CreateGroupProject(
+            pb.CreateGroupProjectRequest(title="Pilot line", thread_ids=["th-1", "th-2"]),
+            metadata=stack.client(),
+        )
+    ).project
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 30.0, "urgent"))
+    await stack.budget.publish(
+        "thread.context.updated", budget_payload("th-2", 80.0, "safe", node_id="node-b")
+    )
+    await stack.settle()
+
+    rows = {r.project_id: r for r in (await home(stack)).conversations}
+    group_row = rows[group.conversation.project_id]
+    assert group_row.conversation_type == pb.CONVERSATION_TYPE_GROUP
+    assert not group_row.context_budget_indicator.visible and group_row.context_budget_indicator.percent == 0
+    detail = (
+        await stack.stub.GetProject(
+            pb.GetProjectRequest(project_id=group.conversation.project_id), metadata=stack.client()
+        )
+    ).project
+    assert [(t.thread_id, t.percent, t.level, t.node_id) for t in detail.active_thread_contexts] == [
+        ("th-1", 30, "urgent", "node-a"),
+        ("th-2", 80, "safe", "node-b"),
+    ]
+    assert detail.next_compaction_risk_thread_id == "th-1"
+
+
+async def test_master_agent_ring_follows_its_main_thread(stack: Stack) -> None:
+    await register(stack, "master-th", is_master_main_thread=True)
+    await stack.budget.publish("thread.context.updated", budget_payload("master-th", 64.2, "safe"))
+    await stack.settle()
+    master = (
+        await stack.stub.GetProject(pb.GetProjectRequest(project_id="master-agent"), metadata=stack.client())
+    ).project
+    assert master.conversation.conversation_type == pb.CONVERSATION_TYPE_MASTER_AGENT
+    assert (
+        master.conversation.context_budget_indicator.percent,
+        master.conversation.context_budget_thread_id,
+    ) == (64, "master-th")
+    rows = (await home(stack)).conversations
+    assert rows[0].conversation_type == pb.CONVERSATION_TYPE_MASTER_AGENT  # pinned by default
+
+
+async def test_order_is_pinned_then_latest_reply_and_pages_cover_everything(stack: Stack) -> None:
+    ids = [(await register(stack, f"th-{i}")).project_id for i in range(5)]
+    await stack.stub.AddMessage(
+        pb.AddMessageRequest(project_id=ids[1], author_kind="user", text="status?"), metadata=stack.client()
+    )
+    await stack.stub.SetConversationPinned(
+        pb.SetConversationPinnedRequest(project_id=ids[3], pinned=True), metadata=stack.client()
+    )
+    seen: list[str] = []
+    token = ""
+    while True:
+        page = await home(stack, page_size=2, page_token=token)
+        seen += [r.project_id for r in page.conversations]
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen[:2] == [ids[3], ids[1]]
+    assert sorted(seen) == sorted(ids) and len(seen) == 5
+
+
+async def test_handoff_events_from_the_scheduler_are_relayed(stack: Stack) -> None:
+    await register(stack, "th-1")
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 22.0, "critical"))
+    await stack.scheduler.publish(
+        "thread.handoff.required",
+        {"thread_id": "th-1", "handoff_package_id": "hp-1", "reason": "critical budget"},
+    )
+    await stack.settle()
+    page = (
+        await stack.stub.GetThreadContextBudget(
+            pb.GetThreadContextBudgetRequest(thread_id="th-1"), metadata=stack.client()
+        )
+    ).thread_context_budget
+    assert (page.handoff_status, page.handoff_package_id, page.handoff_reason) == (
+        "required",
+        "hp-1",
+        "critical budget",
+    )
+    await stack.scheduler.publish("thread.handoff.ready", {"thread_id": "th-1", "handoff_package_id": "hp-1"})
+    await stack.settle()
+    page = (
+        await stack.stub.GetThreadContextBudget(
+            pb.GetThreadContextBudgetRequest(thread_id="th-1"), metadata=stack.client()
+        )
+    ).thread_context_budget
+    assert page.handoff_status == "ready" and all(item.done for item in page.wrap_up_checklist)
+    types = [t for t, _ in await events_of(stack)]
+    assert "thread.handoff.required" in types and "thread.handoff.ready" in types
+
+
+async def test_another_owner_sees_nothing(stack: Stack) -> None:
+    project_id = (await register(stack, "th-1")).project_id
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 50.0, "watch"))
+    await stack.settle()
+    assert list((await home(stack, owner="mallory")).conversations) == []
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stack.stub.GetProject(
+            pb.GetProjectRequest(project_id=project_id), metadata=stack.client("mallory")
+        )
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+    assert await events_of(stack, owner="mallory") == []
+    assert len(await events_of(stack)) > 0
+
+
+async def test_bad_input_names_the_field(stack: Stack) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await home(stack, page_token="not-a-token")
+    status = rpc_status.from_call(raised.value)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert status is not None and [v.field for v in field_violations_of(status)] == ["page_token"]
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stack.stub.CreateGroupProject(
+            pb.CreateGroupProjectRequest(title=" ", thread_ids=["x"]), metadata=stack.client()
+        )
+    status = rpc_status.from_call(raised.value)
+    assert status is not None and {v.field for v in field_violations_of(status)} == {"title", "thread_ids"}
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stack.stub.RegisterThread(
+            pb.RegisterThreadRequest(thread_id="t", node_id="node-x", worker_id="worker-a"),
+            metadata=stack.worker(),
+        )
+    assert raised.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stack.stub.ListConversations(pb.ListConversationsRequest(), metadata=stack.worker())
+    assert raised.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_archive_removes_the_conversation(stack: Stack) -> None:
+    await register(stack, "th-1")
+    await stack.stub.ArchiveThread(pb.ArchiveThreadRequest(thread_id="th-1"), metadata=stack.client())
+    assert list((await home(stack)).conversations) == []
+
+
+async def test_watch_events_streams_live_and_resumes_without_gaps(stack: Stack) -> None:
+    await register(stack, "th-1")
+    await stack.settle()
+    received: list[int] = []
+
+    async def watch(after: int, count: int) -> None:
+        call = stack.stub.WatchEvents(pb.WatchEventsRequest(after_sequence=after), metadata=stack.client())
+        async for response in call:
+            received.append(response.event.sequence)
+            if len(received) >= count:
+                call.cancel()
+                return
+
+    await asyncio.wait_for(watch(0, 2), 5)
+    for version in (1, 2):
+        await stack.budget.publish(
+            "thread.context.updated", budget_payload("th-1", 60.0 - version, "watch", version=version)
+        )
+        await stack.settle()  # one batch each: readings of one thread in one batch are coalesced
+    await asyncio.wait_for(watch(received[-1], 6), 5)
+    assert received == list(range(1, 7))

@@ -1,0 +1,1 @@
+"""Integration tests of the scheduler service on SQLite and PostgreSQL."""

@@ -1,0 +1,94 @@
+"""The gateway's handoff routes and CB-14's checklist seam, over real gRPC to a running scheduler
+(SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from boss.scheduler.v1 import scheduler_pb2 as pb
+
+from services.bff_gateway.clients import open_channel
+from services.bff_gateway.server import create_app
+from services.bff_gateway.settings import GatewaySettings
+from tests.conftest import DatabaseTarget
+from tests.integration.scheduler.harness import SECRET, Running, budget_payload, running_scheduler
+from tests.integration.scheduler.test_scheduler_service import next_commands
+
+
+@pytest.fixture
+async def stack(database_target: DatabaseTarget) -> AsyncIterator[tuple[Running, httpx.AsyncClient]]:
+    async with running_scheduler(database_target) as running:
+        budget = open_channel(running.upstream_address)
+        scheduler = open_channel(f"127.0.0.1:{running.port}")
+        settings = GatewaySettings(
+            listen="127.0.0.1:0", context_budget_address=running.upstream_address, auth_secret=SECRET
+        )
+        app = create_app(settings, context_budget_channel=budget, scheduler_channel=scheduler)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gw.test"
+        ) as http:
+            try:
+                yield running, http
+            finally:
+                await budget.close()
+                await scheduler.close()
+
+
+async def test_package_read_consume_and_thread_checklist(stack: tuple[Running, httpx.AsyncClient]) -> None:
+    running, http = stack
+    client = {"authorization": f"Bearer {running.authority.issue_client('owner')}"}
+    await running.publish(budget_payload(1, "urgent", 30))
+    prepare = (await next_commands(running, 3))[-1]
+    assert prepare.command_type == pb.COMMAND_TYPE_PREPARE_HANDOFF
+
+    view = (await http.get("/api/v1/threads/t1/context-budget", headers=client)).json()
+    assert view["handoff_package"]["package_status"] == "draft"
+    assert [item["status"] for item in view["wrap_up_checklist"]] == ["pending"] * 7
+    assert view["handoff_package"]["relay_thread_id"].startswith("relay-")
+
+    early = await http.post(f"/api/v1/handoff-packages/{prepare.handoff_package_id}/consume", headers=client)
+    assert early.status_code == 409
+    assert early.headers["content-type"].startswith("application/problem+json")
+
+    upload = pb.HandoffPackage(
+        handoff_package_id=prepare.handoff_package_id,
+        summary_text="parser done",
+        critical_files=["a.py"],
+        checklist=[
+            pb.ChecklistItem(item="files_touched", status=pb.CHECKLIST_ITEM_STATUS_DONE, detail="1 file")
+        ],
+    )
+    await running.stub.UploadHandoffPackage(
+        pb.UploadHandoffPackageRequest(
+            worker_id="w1", node_id="n1", command_id=prepare.command_id, handoff_package=upload
+        ),
+        metadata=running.worker(),
+    )
+
+    view = (await http.get("/api/v1/threads/t1/context-budget", headers=client)).json()
+    assert view["handoff_package"]["package_status"] == "ready"
+    assert view["wrap_up_checklist"][0] == {"item": "files_touched", "status": "done", "detail": "1 file"}
+    assert view["wrap_up_checklist"][1]["status"] == "missing"
+
+    package = (
+        await http.get(f"/api/v1/handoff-packages/{prepare.handoff_package_id}", headers=client)
+    ).json()
+    assert package["summary_text"] == "parser done" and package["critical_files"] == ["a.py"]
+    assert "patches" in package["missing_items"]
+
+    consumed = await http.post(
+        f"/api/v1/handoff-packages/{prepare.handoff_package_id}/consume",
+        headers=client,
+        json={"consumed_by_thread_id": "relay-x"},
+    )
+    assert consumed.status_code == 200 and consumed.json()["package_status"] == "consumed"
+    assert consumed.json()["consumed_by_thread_id"] == "relay-x"
+    again = await http.post(f"/api/v1/handoff-packages/{prepare.handoff_package_id}/consume", headers=client)
+    assert again.status_code == 409
+
+    missing = await http.get("/api/v1/handoff-packages/nope", headers=client)
+    assert missing.status_code == 404
+    anonymous = await http.get(f"/api/v1/handoff-packages/{prepare.handoff_package_id}")
+    assert anonymous.status_code == 401

@@ -1,0 +1,273 @@
+"""The scheduler end to end in one process, on SQLite and PostgreSQL: it consumes budget events over
+gRPC, acts per level, streams commands to the worker until acknowledged, keeps packages through
+their lifecycle, opens handoff_missing, ranks threads, and survives a restart without losing or
+repeating anything."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from boss.scheduler.v1 import scheduler_pb2 as pb
+
+from tests.conftest import DatabaseTarget
+from tests.integration.scheduler.harness import Running, budget_payload, running_scheduler
+
+
+async def next_commands(
+    running: Running, count: int, worker: str = "w1", node: str = "n1"
+) -> list[pb.WorkerCommand]:
+    """Opens the command stream, reads `count` commands, closes it."""
+    call = running.stub.StreamWorkerCommands(
+        pb.StreamWorkerCommandsRequest(worker_id=worker, node_id=node), metadata=running.worker(worker, node)
+    )
+    commands = []
+    async with asyncio.timeout(10):
+        async for response in call:
+            commands.append(response.command)
+            if len(commands) == count:
+                break
+    call.cancel()
+    return commands
+
+
+async def events_of(running: Running, *types: str) -> list[tuple[str, dict]]:
+    import json
+
+    stored = await running.app.event_log.read_after(0, types=types)
+    return [(event.type, json.loads(json.dumps(event.payload))) for event in stored]
+
+
+async def test_levels_commands_package_and_guarantee(database_target: DatabaseTarget) -> None:
+    async with running_scheduler(database_target) as running:
+        await running.publish(budget_payload(1, "safe", 80))
+        await running.publish(budget_payload(2, "watch", 50))
+        await running.publish(budget_payload(3, "urgent", 30))
+
+        schedule = (
+            await running.stub.GetThreadSchedule(
+                pb.GetThreadScheduleRequest(thread_id="t1"), metadata=running.client()
+            )
+        ).thread_schedule
+        assert schedule.context_budget_level == pb.BUDGET_LEVEL_URGENT
+        assert schedule.no_large_context_appends and schedule.finish_current_subtask
+        assert not schedule.context_growth_frozen
+        assert schedule.relay_thread_id.startswith("relay-")
+        package = schedule.current_package
+        assert package.package_status == pb.PACKAGE_STATUS_DRAFT
+        assert package.to_thread_id == schedule.relay_thread_id
+        assert [item.status for item in package.checklist] == [pb.CHECKLIST_ITEM_STATUS_PENDING] * 7
+
+        commands = await next_commands(running, 3)
+        assert [c.command_type for c in commands] == [
+            pb.COMMAND_TYPE_AVOID_LARGE_CONTEXT_APPEND,
+            pb.COMMAND_TYPE_FINISH_CURRENT_SUBTASK,
+            pb.COMMAND_TYPE_PREPARE_HANDOFF,
+        ]
+        prepare = commands[2]
+        assert prepare.handoff_package_id == package.handoff_package_id
+        assert prepare.codex_folder == "/work/repo" and prepare.to_thread_id == schedule.relay_thread_id
+
+        required = await events_of(running, "thread.handoff.required")
+        assert [(t, p["reason"], p["command_id"]) for t, p in required] == [
+            ("thread.handoff.required", "context_urgent", prepare.command_id)
+        ]
+
+        upload = pb.HandoffPackage(
+            handoff_package_id=prepare.handoff_package_id,
+            summary_text="fixing the parser",
+            critical_files=["src/parser.py"],
+            checklist=[
+                pb.ChecklistItem(item="files_touched", status=pb.CHECKLIST_ITEM_STATUS_DONE, detail="1 file")
+            ],
+        )
+        request = pb.UploadHandoffPackageRequest(
+            worker_id="w1", node_id="n1", command_id=prepare.command_id, handoff_package=upload
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await running.stub.UploadHandoffPackage(
+                pb.UploadHandoffPackageRequest(worker_id="w2", node_id="n2", handoff_package=upload),
+                metadata=running.worker("w2", "n2"),
+            )
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        ready = (await running.stub.UploadHandoffPackage(request, metadata=running.worker())).handoff_package
+        assert ready.package_status == pb.PACKAGE_STATUS_READY and list(ready.critical_files) == [
+            "src/parser.py"
+        ]
+        assert ready.checklist[0].status == pb.CHECKLIST_ITEM_STATUS_DONE
+        assert ready.checklist[1].status == pb.CHECKLIST_ITEM_STATUS_MISSING
+        again = (await running.stub.UploadHandoffPackage(request, metadata=running.worker())).handoff_package
+        assert again.ready_at == ready.ready_at
+
+        await running.publish(budget_payload(4, "critical", 10))
+        frozen = await next_commands(running, 4)
+        assert frozen[-1].command_type == pb.COMMAND_TYPE_FREEZE_CONTEXT_GROWTH
+        assert sum(c.command_type == pb.COMMAND_TYPE_PREPARE_HANDOFF for c in frozen) == 1
+
+        await running.publish(budget_payload(5, "safe", 95, compactions=1))
+        alerts = (
+            await running.stub.ListHandoffAlerts(
+                pb.ListHandoffAlertsRequest(thread_id="t1"), metadata=running.client()
+            )
+        ).alerts
+        assert list(alerts) == []
+
+        await running.publish(budget_payload(6, "safe", 80, compactions=2))
+        alerts = (
+            await running.stub.ListHandoffAlerts(
+                pb.ListHandoffAlertsRequest(thread_id="t1"), metadata=running.client()
+            )
+        ).alerts
+        assert [(a.alert_type, a.alert_status, a.compaction_count) for a in alerts] == [
+            ("handoff_missing", "opened", 2)
+        ]
+        reasons = [p["reason"] for _, p in await events_of(running, "thread.handoff.required")]
+        assert reasons == ["context_urgent", "handoff_missing"]
+
+        consumed = (
+            await running.stub.ConsumeHandoffPackage(
+                pb.ConsumeHandoffPackageRequest(handoff_package_id=ready.handoff_package_id),
+                metadata=running.client(),
+            )
+        ).handoff_package
+        assert consumed.package_status == pb.PACKAGE_STATUS_CONSUMED
+        assert consumed.consumed_by_thread_id == schedule.relay_thread_id
+        with pytest.raises(grpc.aio.AioRpcError) as twice:
+            await running.stub.ConsumeHandoffPackage(
+                pb.ConsumeHandoffPackageRequest(handoff_package_id=ready.handoff_package_id),
+                metadata=running.client(),
+            )
+        assert twice.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await running.stub.GetHandoffPackage(
+                pb.GetHandoffPackageRequest(handoff_package_id="nope"), metadata=running.client()
+            )
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_commands_are_redelivered_until_acked_and_acks_are_checked(
+    database_target: DatabaseTarget,
+) -> None:
+    async with running_scheduler(database_target) as running:
+        await running.publish(budget_payload(1, "critical", 10))
+        first = await next_commands(running, 4)
+        assert [c.delivery_count for c in first] == [1, 1, 1, 1]
+        again = await next_commands(running, 4)
+        assert [c.command_id for c in again] == [c.command_id for c in first]
+        assert [c.delivery_count for c in again] == [2, 2, 2, 2]
+
+        with pytest.raises(grpc.aio.AioRpcError) as other:
+            await running.stub.AckWorkerCommand(
+                pb.AckWorkerCommandRequest(
+                    worker_id="w9",
+                    node_id="n9",
+                    command_id=first[0].command_id,
+                    outcome=pb.COMMAND_OUTCOME_DONE,
+                ),
+                metadata=running.worker("w9", "n9"),
+            )
+        assert other.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.aio.AioRpcError) as mismatch:
+            await running.stub.AckWorkerCommand(
+                pb.AckWorkerCommandRequest(
+                    worker_id="w1",
+                    node_id="n1",
+                    command_id=first[0].command_id,
+                    outcome=pb.COMMAND_OUTCOME_DONE,
+                ),
+                metadata=running.worker("w2", "n1"),
+            )
+        assert mismatch.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        for command in first[:3]:
+            acked = (
+                await running.stub.AckWorkerCommand(
+                    pb.AckWorkerCommandRequest(
+                        worker_id="w1",
+                        node_id="n1",
+                        command_id=command.command_id,
+                        outcome=pb.COMMAND_OUTCOME_DONE,
+                    ),
+                    metadata=running.worker(),
+                )
+            ).command
+            assert acked.command_status == pb.COMMAND_STATUS_ACKED
+        remaining = await next_commands(running, 1)
+        assert [c.command_id for c in remaining] == [first[3].command_id]
+
+
+async def test_restart_mid_stream_loses_and_repeats_nothing(database_target: DatabaseTarget) -> None:
+    from tests.integration.scheduler.harness import BudgetStreamStandIn, start_upstream
+
+    upstream = BudgetStreamStandIn()
+    upstream_server, port = await start_upstream(upstream)
+    try:
+        async with running_scheduler(database_target, upstream, port) as running:
+            await running.publish(budget_payload(1, "urgent", 30))
+        await upstream.publish(budget_payload(2, "critical", 10))
+        await upstream.publish(budget_payload(3, "safe", 90, compactions=1))
+        async with running_scheduler(database_target, upstream, port) as running:
+            await running.app.consumer.wait_for(3)
+            await running.app.event_log.sequence_pending()
+            assert upstream.opened_after == [0, 1]
+            commands = await next_commands(running, 5)
+            types = [c.command_type for c in commands]
+            assert types.count(pb.COMMAND_TYPE_PREPARE_HANDOFF) == 2
+            assert len({c.command_id for c in commands}) == 5
+            alerts = (
+                await running.stub.ListHandoffAlerts(
+                    pb.ListHandoffAlertsRequest(open_only=True), metadata=running.client()
+                )
+            ).alerts
+            assert len(alerts) == 1
+    finally:
+        await upstream_server.stop(0)
+
+
+async def test_ranking_choice_and_master_flags(database_target: DatabaseTarget) -> None:
+    async with running_scheduler(database_target) as running:
+        await running.publish(budget_payload(1, "safe", 90, thread_id="healthy"))
+        await running.publish(
+            budget_payload(1, "critical", 12, thread_id="low", must_finish_reason="uncommitted changes")
+        )
+        await running.publish(budget_payload(1, "watch", 45, thread_id="mid"))
+        ranked = await running.stub.RankThreads(
+            pb.RankThreadsRequest(project_id="p1"), metadata=running.client()
+        )
+        assert [t.thread_id for t in ranked.ranked_threads] == ["low", "mid", "healthy"]
+        assert "unsolidified patch" in ranked.ranked_threads[0].reasons
+        assert ranked.strategy_summary.endswith("New work goes to healthy.")
+
+        flagged = await running.stub.SetMustFinishBeforeCompaction(
+            pb.SetMustFinishBeforeCompactionRequest(
+                thread_id="healthy",
+                must_finish_before_compaction=True,
+                reason="key decision not in project memory",
+            ),
+            metadata=running.client(),
+        )
+        assert flagged.thread_schedule.must_finish_before_compaction
+        choice = await running.stub.ChooseThreadForWork(
+            pb.ChooseThreadForWorkRequest(project_id="p1"), metadata=running.client()
+        )
+        assert choice.thread_id == "mid" and not choice.new_thread_needed
+
+        with pytest.raises(grpc.aio.AioRpcError) as bad:
+            await running.stub.SetMustFinishBeforeCompaction(
+                pb.SetMustFinishBeforeCompactionRequest(thread_id="mid", must_finish_before_compaction=True),
+                metadata=running.client(),
+            )
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await running.stub.GetThreadSchedule(
+                pb.GetThreadScheduleRequest(thread_id="ghost"), metadata=running.client()
+            )
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.aio.AioRpcError) as anonymous:
+            await running.stub.RankThreads(pb.RankThreadsRequest())
+        assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+        strategies = await events_of(running, "project.context_strategy.updated")
+        assert strategies[-1][1]["master_context_strategy_summary"].startswith(
+            "3 threads: 1 critical, 1 watch, 1 safe."
+        )

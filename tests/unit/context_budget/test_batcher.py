@@ -1,0 +1,104 @@
+"""Group commit: concurrent submissions share one process call; failures reach every waiter."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from services.context_budget.batcher import IngestBatcher, StorageFailed, StorageUnavailable
+
+
+class Recorder:
+    """A process function that records its batches and returns each item doubled."""
+
+    def __init__(self, fail_with: Exception | None = None, delay: float = 0.0) -> None:
+        self.batches: list[list[int]] = []
+        self.fail_with = fail_with
+        self.delay = delay
+
+    async def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail_with is not None:
+            raise self.fail_with
+        return [item * 2 for item in items]
+
+
+async def test_concurrent_submissions_share_one_batch_and_get_their_own_results() -> None:
+    recorder = Recorder()
+    batcher: IngestBatcher[int, int] = IngestBatcher(recorder)
+    results = await asyncio.gather(batcher.submit([1, 2]), batcher.submit([3]), batcher.submit([4, 5, 6]))
+    assert results == [[2, 4], [6], [8, 10, 12]]
+    assert recorder.batches == [[1, 2, 3, 4, 5, 6]]
+    await batcher.close()
+
+
+async def test_submissions_arriving_during_a_commit_form_the_next_batch() -> None:
+    recorder = Recorder(delay=0.05)
+    batcher: IngestBatcher[int, int] = IngestBatcher(recorder)
+    first = asyncio.ensure_future(batcher.submit([1]))
+    await asyncio.sleep(0.02)
+    later = [asyncio.ensure_future(batcher.submit([n])) for n in (2, 3, 4)]
+    assert await first == [2]
+    assert [await f for f in later] == [[4], [6], [8]]
+    assert recorder.batches == [[1], [2, 3, 4]]
+    await batcher.close()
+
+
+async def test_max_items_splits_batches_without_splitting_a_submission() -> None:
+    recorder = Recorder()
+    batcher: IngestBatcher[int, int] = IngestBatcher(recorder, max_items=4)
+    await asyncio.gather(batcher.submit([1, 2, 3]), batcher.submit([4, 5]), batcher.submit([6]))
+    assert recorder.batches == [[1, 2, 3], [4, 5, 6]]
+    await batcher.close()
+
+
+@pytest.mark.parametrize(
+    ("failure", "error_type", "code"),
+    [
+        (
+            OperationalError("SELECT 1", {}, Exception("connection refused")),
+            StorageUnavailable,
+            grpc.StatusCode.UNAVAILABLE,
+        ),
+        (IntegrityError("INSERT", {}, Exception("duplicate key")), StorageFailed, grpc.StatusCode.INTERNAL),
+    ],
+)
+async def test_a_failed_transaction_fails_every_waiter_of_its_batch(
+    failure: Exception, error_type: type[Exception], code: grpc.StatusCode
+) -> None:
+    recorder = Recorder(fail_with=failure)
+    batcher: IngestBatcher[int, int] = IngestBatcher(recorder)
+    outcomes = await asyncio.gather(batcher.submit([1]), batcher.submit([2]), return_exceptions=True)
+    assert all(isinstance(outcome, error_type) for outcome in outcomes)
+    assert all(outcome.code == code for outcome in outcomes)  # type: ignore[union-attr]
+    recorder.fail_with = None
+    assert await batcher.submit([7]) == [14]
+    await batcher.close()
+
+
+async def test_close_commits_queued_work_then_refuses_new_submissions() -> None:
+    recorder = Recorder(delay=0.01)
+    batcher: IngestBatcher[int, int] = IngestBatcher(recorder)
+    pending = asyncio.ensure_future(batcher.submit([1]))
+    await asyncio.sleep(0)
+    await batcher.close()
+    assert await pending == [2]
+    with pytest.raises(StorageUnavailable):
+        batcher.enqueue([2])
+
+
+async def test_a_cancelled_waiter_does_not_disturb_the_others() -> None:
+    recorder = Recorder(delay=0.02)
+    batcher: IngestBatcher[int, int] = IngestBatcher(recorder)
+    cancelled = asyncio.ensure_future(batcher.submit([1]))
+    kept = asyncio.ensure_future(batcher.submit([2]))
+    await asyncio.sleep(0.01)
+    cancelled.cancel()
+    assert await kept == [4]
+    assert recorder.batches == [[1, 2]]
+    await batcher.close()

@@ -1,0 +1,152 @@
+"""Pure rules of the conversations context: the ring's percent and visibility (CB-16), risk order,
+next compaction risk and threads requiring handoff (CB-13), the checklist (CB-14/18), page tokens."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from services.conversations.domain.model import (
+    GROUP,
+    MASTER_AGENT,
+    SINGLE_DEVICE,
+    ThreadBudget,
+    ThreadView,
+    default_title,
+    display_percent,
+    indicator_for,
+    next_compaction_risk_thread,
+    risk_order,
+    single_device_project_id,
+    strategy_summary,
+    threads_requiring_handoff,
+    wrap_up_checklist,
+)
+from services.conversations.domain.paging import decode_page_token, encode_page_token
+
+T0 = datetime(2026, 3, 25, 1, 0, tzinfo=UTC)
+
+
+def budget(
+    pct: float,
+    level: str,
+    *,
+    expected_in: float | None = None,
+    must_finish: bool = False,
+    version: int = 1,
+    captured: datetime = T0,
+) -> ThreadBudget:
+    return ThreadBudget(
+        remaining_pct=pct,
+        level=level,
+        node_id="node-a",
+        updated_at=captured,
+        captured_at=captured,
+        snapshot_version=version,
+        must_finish_before_compaction=must_finish,
+        compaction_expected_at=T0 + timedelta(minutes=expected_in) if expected_in is not None else None,
+    )
+
+
+def view(thread_id: str, b: ThreadBudget | None, handoff: str = "none") -> ThreadView:
+    return ThreadView(thread_id, thread_id.upper(), "node-a", "worker-a", b, handoff)
+
+
+@pytest.mark.parametrize(
+    ("pct", "shown"),
+    [(52.7, 52), (59.99, 59), (60.0, 60), (0.4, 0), (-3.0, 0), (100.0, 100), (float("nan"), 0)],
+)
+def test_display_percent_rounds_down_and_clamps(pct: float, shown: int) -> None:
+    assert display_percent(pct) == shown
+
+
+def test_ring_is_shown_for_single_device_and_master_hidden_for_group() -> None:
+    b = budget(52.7, "watch")
+    single = indicator_for(SINGLE_DEVICE, "th-1", b)
+    assert (single.visible, single.percent, single.level, single.style) == (True, 52, "watch", "ring_percent")
+    assert indicator_for(MASTER_AGENT, "m", b).visible
+    assert not indicator_for(GROUP, "th-1", b).visible
+    assert not indicator_for(SINGLE_DEVICE, "th-1", None).visible
+    assert indicator_for(GROUP, "th-1", b).as_payload() == {
+        "visible": False,
+        "style": "ring_percent",
+        "percent": 0,
+        "level": "",
+    }
+
+
+def test_newer_reading_wins_by_capture_time_then_version() -> None:
+    old = budget(50, "watch", version=3)
+    assert budget(40, "watch", version=4).is_newer_than(old)
+    assert not budget(40, "watch", version=3).is_newer_than(old)
+    assert not budget(40, "watch", version=9, captured=T0 - timedelta(seconds=1)).is_newer_than(old)
+    assert old.is_newer_than(None)
+
+
+def test_risk_order_and_next_compaction_risk() -> None:
+    threads = [
+        view("safe", budget(80, "safe")),
+        view("urgent", budget(30, "urgent")),
+        view("critical", budget(20, "critical")),
+        view("silent", None),
+        view("watch", budget(45, "watch", expected_in=10)),
+    ]
+    assert [t.thread_id for t in risk_order(threads)] == ["critical", "urgent", "watch", "safe", "silent"]
+    assert next_compaction_risk_thread(threads) == "watch"  # the only dated estimate wins
+    undated = [t for t in threads if t.thread_id != "watch"]
+    assert next_compaction_risk_thread(undated) == "critical"
+    assert next_compaction_risk_thread([view("safe", budget(80, "safe"))]) == ""
+
+
+def test_threads_requiring_handoff() -> None:
+    threads = [
+        view("a", budget(20, "critical")),
+        view("b", budget(20, "critical"), "ready"),
+        view("c", budget(70, "safe"), "required"),
+        view("d", budget(45, "watch")),
+    ]
+    assert threads_requiring_handoff(threads) == ["a", "c"]
+
+
+def test_strategy_summary_states_actions_per_level() -> None:
+    text = strategy_summary([view("a", budget(20.5, "critical")), view("b", budget(70, "safe"))])
+    assert text.startswith("Critical: A (20%): run the pre-compaction wrap-up now")
+    assert "Safe: 1 thread(s)" in text
+    assert strategy_summary([view("a", None)]) == "No thread has reported its context budget yet."
+    assert strategy_summary([], "scheduler says so") == "scheduler says so"
+
+
+def test_checklist_in_force_only_when_needed() -> None:
+    assert wrap_up_checklist(budget(45, "watch"), "none") == []
+    items = wrap_up_checklist(budget(30, "urgent"), "none", ["patches"])
+    assert [i.key for i in items if i.done] == ["patches"] and len(items) == 7
+    assert wrap_up_checklist(budget(70, "safe", must_finish=True), "none") != []
+    assert all(i.done for i in wrap_up_checklist(budget(70, "safe"), "ready"))
+
+
+def test_ids_and_titles() -> None:
+    assert single_device_project_id("local", "th-1") == single_device_project_id("local", "th-1")
+    assert single_device_project_id("local", "th-1") != single_device_project_id("other", "th-1")
+    assert default_title("th-1", "/home/dev/north-line/") == "north-line"
+    assert default_title("th-1", "C:\\work\\pilot") == "pilot"
+    assert default_title("th-1", "") == "th-1"
+
+
+def test_page_tokens_round_trip_and_are_bound_to_list_and_owner() -> None:
+    token = encode_page_token("conversations", "local", [True, "2026-03-25T01:00:00+00:00", "proj-1"])
+    assert decode_page_token(token, "conversations", "local", 3) == [
+        True,
+        "2026-03-25T01:00:00+00:00",
+        "proj-1",
+    ]
+    for kind, owner, arity in (
+        ("messages:x", "local", 3),
+        ("conversations", "mallory", 3),
+        ("conversations", "local", 2),
+    ):
+        with pytest.raises(ValueError):
+            decode_page_token(token, kind, owner, arity)
+    for garbage in ("!!!", "e30", "bm90IGpzb24"):
+        with pytest.raises(ValueError):
+            decode_page_token(garbage, "conversations", "local", 3)

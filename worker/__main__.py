@@ -1,0 +1,106 @@
+"""Command line of the Boss device worker.
+
+    python -m worker run [--codex-home DIR] [--worker-id ID] [--node-id ID]
+                         [--context-budget-address HOST:PORT] [--token TOKEN]
+                         [--poll-interval SECONDS] [--once [--timeout SECONDS]]
+                         [--idle-after SECONDS]
+
+`run` follows `$CODEX_HOME/sessions/**/rollout-*.jsonl` and streams every thread's context budget to
+the context_budget service until SIGTERM/SIGINT. With `--once` it reads everything, reports each
+thread's latest state, waits for the acks and exits: 0 when every snapshot was acknowledged, 1 when
+not (server unreachable, rejections). Configuration errors exit with 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from services.shared.logging_setup import configure_logging
+from worker.agent import run_worker
+from worker.settings import (
+    DEFAULT_IDLE_AFTER_S,
+    DEFAULT_ONCE_TIMEOUT_S,
+    DEFAULT_POLL_INTERVAL_S,
+    SettingsError,
+    WorkerSettings,
+    settings_from_arguments,
+)
+
+EXIT_CONFIGURATION_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `python -m worker` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="python -m worker", description="Boss device worker: reports Codex threads' context budgets."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="follow Codex sessions and report their context budgets")
+    run.add_argument("--codex-home", type=Path, help="Codex home folder (default $CODEX_HOME, else ~/.codex)")
+    run.add_argument("--worker-id", help="this worker's id (default worker-<hostname>)")
+    run.add_argument("--node-id", help="this machine's id (default <hostname>)")
+    run.add_argument(
+        "--context-budget-address",
+        help="gRPC address of context_budget (default BOSS_CONTEXT_BUDGET_ADDRESS, else 127.0.0.1:50051)",
+    )
+    run.add_argument(
+        "--token",
+        help="worker bearer token (default BOSS_WORKER_TOKEN, else minted from the local auth secret)",
+    )
+    run.add_argument(
+        "--poll-interval",
+        type=float,
+        default=DEFAULT_POLL_INTERVAL_S,
+        help=f"seconds between reads of the session files (default {DEFAULT_POLL_INTERVAL_S})",
+    )
+    run.add_argument("--once", action="store_true", help="report every thread once, wait for acks, exit")
+    run.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_ONCE_TIMEOUT_S,
+        help=f"with --once: seconds to wait for the acks (default {DEFAULT_ONCE_TIMEOUT_S:.0f})",
+    )
+    run.add_argument(
+        "--idle-after",
+        type=float,
+        default=DEFAULT_IDLE_AFTER_S,
+        help="seconds without a new reading after which a thread gets no more heartbeats "
+        f"(default {DEFAULT_IDLE_AFTER_S:.0f})",
+    )
+    return parser
+
+
+def settings_from_namespace(arguments: argparse.Namespace) -> WorkerSettings:
+    """Resolve parsed arguments into settings. Raises SettingsError."""
+    return settings_from_arguments(
+        codex_home=arguments.codex_home,
+        worker_id=arguments.worker_id,
+        node_id=arguments.node_id,
+        context_budget_address=arguments.context_budget_address,
+        token=arguments.token,
+        poll_interval_s=arguments.poll_interval,
+        once=arguments.once,
+        once_timeout_s=arguments.timeout,
+        idle_after_s=arguments.idle_after,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code (0 ok, 1 `--once` incomplete, 2 configuration error)."""
+    parser = build_parser()
+    arguments = parser.parse_args(argv)
+    configure_logging()
+    try:
+        settings = settings_from_namespace(arguments)
+    except SettingsError as error:
+        sys.stderr.write(f"worker: {error}\n")
+        return EXIT_CONFIGURATION_ERROR
+    return asyncio.run(run_worker(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
