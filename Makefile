@@ -34,7 +34,14 @@ generate: ## regenerate Python code from protos/ (never edit gen/ by hand)
 run: setup ## start every service and a worker on the embedded SQLite default, with demo data if needed
 	$(PY) -m services.local_stack
 
-test: setup ## run the whole suite (unit, SQLite + PostgreSQL integration, end to end)
+browser: ## install Debian's chromium for the browser test (as root; otherwise that test is skipped)
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "==> installing Debian's chromium for the browser test"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium is not installed and cannot be installed here: the browser test will be skipped"; fi; }
+
+test: setup browser ## run the whole suite (unit, SQLite + PostgreSQL integration, end to end, browser)
 	$(PY) -m pytest
 
 test-unit: setup ## only the pure unit tests
@@ -52,4 +59,4 @@ bench: setup ## run the benchmarks against PostgreSQL (see bench/RESULTS.md)
 clean: ## remove generated code and local data (keeps the virtualenv)
 	rm -rf gen var protos/third_party
 
-.PHONY: help setup generate run test test-unit lint bench clean
+.PHONY: help setup browser generate run test test-unit lint bench clean

@@ -135,6 +135,14 @@ def thread_ids_under(codex_home: Path) -> list[str]:
     return [thread_id for path in files if (thread_id := thread_id_from_rollout_name(path.name))]
 
 
+def handoff_summary(package: dict[str, object] | None) -> str:
+    """'ready -> relay-1a2b3c' style text for a thread's handoff package, or '-' when it has none."""
+    if not package:
+        return "-"
+    relay = str(package.get("to_thread_id") or "")
+    return f"{package.get('package_status')}" + (f" -> {relay[:14]}" if relay else "")
+
+
 async def print_budgets(gateway: str, token: str, thread_ids: list[str]) -> int:
     """Prints one table row per thread from GET /api/v1/threads/{id}/context-budget; returns how many
     threads have a budget."""
@@ -148,16 +156,21 @@ async def print_budgets(gateway: str, token: str, thread_ids: list[str]) -> int:
                 rows.append(response.json())
     stamp = datetime.now(UTC).strftime("%H:%M:%S")
     print(f"\n[{stamp}] context budgets from {gateway}/api/v1/threads/{{thread_id}}/context-budget")
-    print(f"  {'thread':<38} {'budget':>7} {'level':<9} {'codex':>6} {'compactions':>11}  must finish")
+    print(
+        f"  {'thread':<38} {'budget':>7} {'level':<9} {'codex':>6} {'compactions':>11}"
+        f"  {'handoff':<24} must finish"
+    )
     for row in rows:
         codex_left = f"{row.get('codex_context_left_pct', '?')}%"
         must_finish = "no"
         if row.get("must_finish_before_compaction"):
             must_finish = "yes: " + row.get("must_finish_reason", "")
         compactions = row.get("compaction_count", 0)
+        handoff = handoff_summary(row.get("handoff_package"))
         print(
             f"  {row['thread_id']:<38} {row['context_budget_remaining_pct']:>6.1f}%"
-            f" {row['context_budget_level']:<9} {codex_left:>6} {compactions:>11}  {must_finish}"
+            f" {row['context_budget_level']:<9} {codex_left:>6} {compactions:>11}"
+            f"  {handoff:<24} {must_finish}"
         )
     if not rows:
         print("  (waiting for the worker's first reports)")
@@ -229,7 +242,7 @@ async def run_stack(arguments: argparse.Namespace) -> int:
 
         client_token = authority.issue_client("local-user")
         (data / "client-token").write_text(client_token + "\n")
-        print(f"\nOpen the console:  {gateway_url}/?access_token={client_token}")
+        print(f"\nOpen the console:  {gateway_url}/console/?token={client_token}")
         print(f"API docs:          {gateway_url}/docs")
         print(f"Client token (also in {data / 'client-token'}):\n  {client_token}")
         thread_ids = thread_ids_under(codex_home)

@@ -107,9 +107,7 @@ class ServiceHost:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal_number, stop.set)
         server, health, _port = await self.start()
-        tasks = [
-            asyncio.create_task(factory(), name=f"{self.name}-background") for factory in self.background
-        ]
+        tasks = [asyncio.ensure_future(factory()) for factory in self.background]
         try:
             waiters = [asyncio.create_task(stop.wait()), *tasks]
             done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)

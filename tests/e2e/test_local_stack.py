@@ -23,9 +23,7 @@ def free_port() -> int:
 
 def test_local_stack_shows_budgets_from_demo_sessions(tmp_path: Path) -> None:
     environment = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("BOSS_") and key != "CODEX_HOME"
+        key: value for key, value in os.environ.items() if not key.startswith("BOSS_") and key != "CODEX_HOME"
     }
     environment["BOSS_DATA_DIR"] = str(tmp_path / "var")
     environment["HOME"] = str(tmp_path)  # no ~/.codex: the launcher must fall back to demo sessions

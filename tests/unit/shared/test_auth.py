@@ -57,7 +57,9 @@ def test_expired_and_foreign_tokens_are_refused() -> None:
 def test_unknown_kind_and_malformed_headers_are_refused() -> None:
     authority = TokenAuthority(SECRET)
     forged = jwt.encode(
-        {"iss": "boss", "aud": "boss", "sub": "x", "exp": 4_102_444_800, "kind": "root"}, SECRET, algorithm="HS256"
+        {"iss": "boss", "aud": "boss", "sub": "x", "exp": 4_102_444_800, "kind": "root"},
+        SECRET,
+        algorithm="HS256",
     )
     with pytest.raises(Unauthenticated, match="unknown kind"):
         authority.verify(forged)

@@ -10,7 +10,10 @@ from services.shared.errors import FieldViolation, InvalidArgument, NotFound, fi
 
 def test_invalid_argument_names_every_field() -> None:
     error = InvalidArgument(
-        [FieldViolation("snapshot.thread_id", "required"), FieldViolation("snapshot.captured_at", "in the future")]
+        [
+            FieldViolation("snapshot.thread_id", "required"),
+            FieldViolation("snapshot.captured_at", "in the future"),
+        ]
     )
     status = error.to_status()
 
