@@ -31,8 +31,8 @@ generate: ## regenerate Python code from protos/ (never edit gen/ by hand)
 	PYTHON=$(PY) ./scripts/generate_protos.sh
 	@touch $(GENERATED)
 
-run: setup ## start every service and a worker on the embedded SQLite default, with demo data if needed
-	$(PY) -m services.local_stack
+run: setup ## start every service and a worker (SQLite; demo data if needed); ARGS="--codex-home DIR" etc.
+	$(PY) -m services.local_stack $(ARGS)
 
 browser: ## install Debian's chromium for the browser test (as root; otherwise that test is skipped)
 	@command -v chromium >/dev/null 2>&1 || { \

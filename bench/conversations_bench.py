@@ -41,10 +41,12 @@ from typing import Any
 
 import grpc
 import httpx
+from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
 from boss.conversations.v1 import conversations_pb2 as pb
 from boss.conversations.v1 import conversations_pb2_grpc as pb_grpc
 from sqlalchemy import create_engine, text
 
+from bench.ingest_bench import machine_cpu_seconds, wait_for_quiet
 from services.shared.auth import TokenAuthority, bearer_metadata
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,6 +141,12 @@ async def wait_ready(base_url: str) -> None:
                 pass
             await asyncio.sleep(0.1)
     raise RuntimeError("gateway not ready after 30 s")
+
+
+async def wait_grpc_ready(address: str, timeout: float = 60.0) -> None:
+    """Waits until a gRPC server accepts connections at `address` (it may still be migrating)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        await asyncio.wait_for(channel.channel_ready(), timeout)
 
 
 def snapshot(thread_id: str, pct: float) -> dict[str, Any]:
@@ -272,10 +280,80 @@ class RawSseClient:
             self._writer.close()
 
 
+class HopProbe:
+    """Follows context_budget's and conversations' WatchEvents with a service token and records when
+    the first event of each thread arrives on each, so a report's latency splits into hops."""
+
+    def __init__(self, ports: dict[str, int], authority: TokenAuthority) -> None:
+        self.metadata = bearer_metadata(authority.issue_service("bench"))
+        self.ports = ports
+        self.arrivals: dict[str, dict[str, float]] = {"context_budget": {}, "conversations": {}}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Opens both streams at their current heads."""
+        self._tasks = [
+            asyncio.create_task(self._follow_budget()),
+            asyncio.create_task(self._follow_conversations()),
+        ]
+        await asyncio.sleep(0.5)
+
+    async def _follow_budget(self) -> None:
+        address = f"127.0.0.1:{self.ports['CONTEXT_BUDGET']}"
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = context_budget_pb2_grpc.ContextBudgetServiceStub(channel)
+            request = context_budget_pb2.WatchEventsRequest(
+                after_sequence=0, types=["thread.context.updated"]
+            )
+            async for response in stub.WatchEvents(request, metadata=self.metadata):
+                self.arrivals["context_budget"].setdefault(response.event.thread_id, time.perf_counter())
+
+    async def _follow_conversations(self) -> None:
+        address = f"127.0.0.1:{self.ports['CONVERSATIONS']}"
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = pb_grpc.ConversationsServiceStub(channel)
+            listed = await stub.ListEvents(pb.ListEventsRequest(page_size=1), metadata=self.metadata)
+            head = listed.head_sequence
+            request = pb.WatchEventsRequest(after_sequence=head)
+            async for response in stub.WatchEvents(request, metadata=self.metadata):
+                if response.event.type == "conversation.context_indicator.updated":
+                    thread_id = json.loads(response.event.payload_json).get("thread_id", "")
+                    self.arrivals["conversations"].setdefault(thread_id, time.perf_counter())
+
+    def forget(self, thread_id: str) -> None:
+        """Clears the thread's arrivals before a new report."""
+        for arrivals in self.arrivals.values():
+            arrivals.pop(thread_id, None)
+
+    async def stop(self) -> None:
+        """Closes both streams."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def hop_summary(hops: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """p50 / p99 per hop (ms)."""
+    return {
+        name: {"p50_ms": round(statistics.median(values), 2), "p99_ms": round(percentile(values, 0.99), 2)}
+        for name, values in hops.items()
+        if values
+    }
+
+
 async def bench_sse(
-    base_url: str, port: int, authority: TokenAuthority, clients: int, rounds: int, gateway_pid: int
+    base_url: str,
+    port: int,
+    authority: TokenAuthority,
+    clients: int,
+    rounds: int,
+    gateway_pid: int,
+    probe: HopProbe | None = None,
 ) -> dict[str, Any]:
-    """Delivery latency of a worker report to `clients` SSE clients (ms), and the gateway's RSS."""
+    """Delivery latency of a worker report to `clients` SSE clients (ms), and the gateway's RSS. With
+    a `probe`, also the cumulative time from the POST to each hop: the REST ack (committed in
+    context_budget), the event on context_budget's WatchEvents, the event on conversations'
+    WatchEvents, and the first SSE client."""
     token = authority.issue_client("local")
     sse = [RawSseClient(port, token) for _ in range(clients)]
     for start in range(0, clients, 100):
@@ -284,18 +362,22 @@ async def bench_sse(
     rss = rss_mb(gateway_pid)
     worker = {"Authorization": f"Bearer {authority.issue_worker(WORKER, NODE)}"}
     latencies: list[float] = []
+    hops: dict[str, list[float]] = {"rest_ack": [], "context_budget_stream": [], "conversations_stream": []}
     missing = 0
     async with httpx.AsyncClient(base_url=base_url, headers=worker, timeout=10) as http:
         for round_index in range(rounds):
             thread_id = f"bench-{round_index % PROJECTS:04d}"
             percent = 1 + (round_index * 7 + clients) % 98
             key = f"{thread_id}:{percent}"
+            if probe is not None:
+                probe.forget(thread_id)
             sent = time.perf_counter()
             (
                 await http.post(
                     f"/api/v1/workers/{WORKER}/thread-context", json=snapshot(thread_id, percent + 0.5)
                 )
             ).raise_for_status()
+            hops["rest_ack"].append((time.perf_counter() - sent) * 1000)
             deadline = time.perf_counter() + 5
             while time.perf_counter() < deadline and not all(key in c.arrivals for c in sse):
                 await asyncio.sleep(0.002)
@@ -304,6 +386,11 @@ async def bench_sse(
                     latencies.append((client.arrivals[key] - sent) * 1000)
                 else:
                     missing += 1
+            if probe is not None:
+                for stream in ("context_budget", "conversations"):
+                    arrived = probe.arrivals[stream].get(thread_id)
+                    if arrived is not None:
+                        hops[f"{stream}_stream"].append((arrived - sent) * 1000)
             await asyncio.sleep(0.1)
     await asyncio.gather(*(c.close() for c in sse))
     return {
@@ -315,11 +402,20 @@ async def bench_sse(
         "p99_ms": round(percentile(latencies, 0.99), 2),
         "max_ms": round(max(latencies), 2),
         "gateway_rss_mb": round(rss, 1),
+        **({"cumulative_hops": hop_summary(hops)} if probe is not None else {}),
     }
 
 
-async def run(postgres: str, list_requests: int, rounds: int) -> dict[str, Any]:
+def busy_cores_since(before: tuple[float, float]) -> float:
+    """Cores the whole machine (this benchmark, its services, PostgreSQL and anything else) kept busy
+    since `before` (a machine_cpu_seconds() reading)."""
+    after = machine_cpu_seconds()
+    return round((after[0] - before[0]) / max(after[1] - before[1], 1e-9) * (os.cpu_count() or 1), 2)
+
+
+async def run(postgres: str, list_requests: int, rounds: int, quiet_wait: float) -> dict[str, Any]:
     """Runs every phase; returns the results."""
+    background = await wait_for_quiet(quiet_wait)
     data_dir = OUTPUT / "conversations-run"
     data_dir.mkdir(parents=True, exist_ok=True)
     processes, ports = start_services(postgres, data_dir)
@@ -327,15 +423,33 @@ async def run(postgres: str, list_requests: int, rounds: int) -> dict[str, Any]:
     authority = TokenAuthority(SECRET)
     try:
         await wait_ready(base_url)
+        for name in ("CONTEXT_BUDGET", "CONVERSATIONS"):
+            await wait_grpc_ready(f"127.0.0.1:{ports[name]}")
         started = time.perf_counter()
         await seed(base_url, f"127.0.0.1:{ports['CONVERSATIONS']}", authority)
-        results: dict[str, Any] = {"seed_seconds": round(time.perf_counter() - started, 1)}
+        results: dict[str, Any] = {
+            "background_busy_cores_before_run": background,
+            "seed_seconds": round(time.perf_counter() - started, 1),
+        }
         results["list"] = await bench_list(base_url, authority.issue_client("local"), list_requests)
         results["gateway_rss_idle_mb"] = round(rss_mb(processes["gateway"].pid), 1)
-        for clients in (1, 100, 1000):
-            results[f"sse_{clients}"] = await bench_sse(
-                base_url, ports["GATEWAY"], authority, clients, rounds, processes["gateway"].pid
-            )
+        probe = HopProbe(ports, authority)
+        await probe.start()
+        try:
+            for clients in (1, 100, 1000):
+                before = machine_cpu_seconds()
+                results[f"sse_{clients}"] = await bench_sse(
+                    base_url,
+                    ports["GATEWAY"],
+                    authority,
+                    clients,
+                    rounds,
+                    processes["gateway"].pid,
+                    probe if clients == 1 else None,
+                )
+                results[f"sse_{clients}"]["machine_busy_cores"] = busy_cores_since(before)
+        finally:
+            await probe.stop()
         return results
     finally:
         for process in processes.values():
@@ -353,8 +467,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--postgres", default=os.environ.get("BOSS_BENCH_POSTGRES_URL", DEFAULT_POSTGRES))
     parser.add_argument("--list-requests", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="wait up to this long for an idle machine before starting (default 30)",
+    )
     arguments = parser.parse_args(argv)
-    results = asyncio.run(run(arguments.postgres, arguments.list_requests, arguments.rounds))
+    results = asyncio.run(
+        run(arguments.postgres, arguments.list_requests, arguments.rounds, arguments.quiet_wait)
+    )
     OUTPUT.mkdir(parents=True, exist_ok=True)
     (OUTPUT / "conversations.json").write_text(json.dumps(results, indent=2) + "\n")
     sys.stdout.write(json.dumps(results, indent=2) + "\n")

@@ -7,9 +7,12 @@ Phases:
    (ranking + `strategy_summary` + `choose_thread_for_work`). Target: ranking <= 50 ms at the median
    (min, p50 and max reported with the machine's load average: on a shared machine the max is noise).
 2. `consume_backlog`: a context_budget stand-in serves N (default 20,000) `thread.context.updated`
-   events over real gRPC (WatchEvents); the scheduler's real `EventConsumer` with the real handler
-   applies them into PostgreSQL (schema `scheduler_bench`, dropped first) with its durable cursor.
-   Reported: events/s from the first to the last applied event.
+   events over real gRPC (WatchEvents) from its own process (as context_budget is in production, so
+   serving the stream does not take the consumer's CPU); the scheduler's real `EventConsumer` with
+   the real handler applies them into PostgreSQL (schema `scheduler_bench`, dropped first) with its
+   durable cursor.
+   Reported: events/s from the first to the last applied event, and events per consumer
+   transaction.
 3. `consume_paced`: events published at a fixed rate (default 2,000/s) for 5 s; lag per event from
    publish to "applied and committed" (the consumer's cursor passing it). Reported: p50 / p99 / max.
 
@@ -25,11 +28,13 @@ import argparse
 import asyncio
 import gc
 import json
+import multiprocessing
 import os
 import random
 import statistics
 import time
 from datetime import UTC, datetime, timedelta
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +43,7 @@ from boss.common.v1 import events_pb2
 from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
 from sqlalchemy import create_engine, text
 
+from bench.ingest_bench import wait_for_quiet
 from services.scheduler import server as scheduler_server
 from services.scheduler.domain.model import Level, ThreadState
 from services.scheduler.domain.ranking import choose_thread_for_work, rank_threads, strategy_summary
@@ -142,17 +148,14 @@ def budget_event(sequence: int, rng: random.Random) -> events_pb2.EventEnvelope:
 
 
 class Upstream(context_budget_pb2_grpc.ContextBudgetServiceServicer):
-    """Serves a growing list of envelopes on WatchEvents; records when each was published."""
+    """Serves a growing list of envelopes on WatchEvents (runs in the upstream process)."""
 
     def __init__(self) -> None:
         self.events: list[events_pb2.EventEnvelope] = []
-        self.published_at: list[float] = []
         self._grown = asyncio.Event()
 
     def publish(self, envelopes: list[events_pb2.EventEnvelope]) -> None:
-        now = time.perf_counter()
         self.events.extend(envelopes)
-        self.published_at.extend(now for _ in envelopes)
         self._grown.set()
 
     async def WatchEvents(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -163,6 +166,48 @@ class Upstream(context_budget_pb2_grpc.ContextBudgetServiceServicer):
                 cursor += 1
             self._grown.clear()
             await self._grown.wait()
+
+
+def serve_upstream(control: Connection) -> None:
+    """Entry point of the upstream process: serves WatchEvents on a free loopback port (sent back
+    over `control`), then appends every list of serialized envelopes received; None stops it."""
+
+    async def serve() -> None:
+        upstream = Upstream()
+        server = grpc.aio.server()
+        context_budget_pb2_grpc.add_ContextBudgetServiceServicer_to_server(upstream, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        control.send(port)
+        loop = asyncio.get_running_loop()
+        while (message := await loop.run_in_executor(None, control.recv)) is not None:
+            upstream.publish([events_pb2.EventEnvelope.FromString(raw) for raw in message])
+        await server.stop(0)
+
+    asyncio.run(serve())
+
+
+class RemoteUpstream:
+    """The parent's handle on the upstream process; records when each event was published."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._control, child = context.Pipe()
+        self._process = context.Process(target=serve_upstream, args=(child,), daemon=True)
+        self._process.start()
+        self.port = int(self._control.recv())
+        self.published_at: list[float] = []
+
+    def publish(self, envelopes: list[events_pb2.EventEnvelope]) -> None:
+        now = time.perf_counter()
+        self.published_at.extend(now for _ in envelopes)
+        self._control.send([envelope.SerializeToString() for envelope in envelopes])
+
+    def stop(self) -> None:
+        self._control.send(None)
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
 
 
 def reset_schema(url: str) -> None:
@@ -176,12 +221,10 @@ def reset_schema(url: str) -> None:
 
 async def bench_consumption(url: str, backlog: int, rate: int, seconds: float) -> dict[str, Any]:
     """Phases 2 and 3 over one scheduler consumer."""
+    background = await wait_for_quiet(30.0)
     reset_schema(url)
-    upstream = Upstream()
-    server = grpc.aio.server()
-    context_budget_pb2_grpc.add_ContextBudgetServiceServicer_to_server(upstream, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    upstream = RemoteUpstream()
+    port = upstream.port
     await scheduler_server.migrate(url, SCHEMA)
     app = scheduler_server.build(
         database_url=url,
@@ -193,11 +236,12 @@ async def bench_consumption(url: str, backlog: int, rate: int, seconds: float) -
     await app.event_log.ensure_sequencer_row()
     rng = random.Random(11)
     upstream.publish([budget_event(sequence, rng) for sequence in range(1, backlog + 1)])
-    tasks = [asyncio.create_task(app.event_log.run_sequencer()), asyncio.create_task(app.consumer.run())]
+    tasks = [asyncio.create_task(app.event_log.run_notifier()), asyncio.create_task(app.consumer.run())]
     try:
         started = time.perf_counter()
         await app.consumer.wait_for(backlog, timeout=600)
         backlog_seconds = time.perf_counter() - started
+        backlog_batches = app.consumer.batches_applied
 
         lags: list[float] = []
         applied_seen = backlog
@@ -224,15 +268,20 @@ async def bench_consumption(url: str, backlog: int, rate: int, seconds: float) -
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await server.stop(0)
+        upstream.stop()
         await app.database.dispose()
     lags_ms = sorted(lag * 1000 for lag in lags)
     return {
         "database": url.split("@")[-1],
+        "background_busy_cores_before_run": background,
         "backlog_events": backlog,
         "backlog_events_per_second": round(backlog / backlog_seconds),
+        "backlog_events_per_transaction": round(backlog / max(1, backlog_batches), 1),
         "paced_rate_per_second": rate,
         "paced_events": len(lags_ms),
+        "paced_events_per_transaction": round(
+            len(lags_ms) / max(1, app.consumer.batches_applied - backlog_batches), 1
+        ),
         "lag_ms_p50": round(lags_ms[len(lags_ms) // 2], 1),
         "lag_ms_p99": round(lags_ms[int(len(lags_ms) * 0.99) - 1], 1),
         "lag_ms_max": round(lags_ms[-1], 1),

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,17 +76,31 @@ def has_sessions(codex_home: Path) -> bool:
     return sessions.is_dir() and any(sessions.rglob("rollout-*.jsonl"))
 
 
-def choose_codex_home(requested: str | None, force_demo: bool) -> tuple[Path, bool]:
-    """The Codex home to follow and whether it is Boss's own demo data."""
-    if not force_demo:
-        candidate = Path(requested or os.environ.get("CODEX_HOME") or Path.home() / ".codex").expanduser()
-        if has_sessions(candidate):
-            return candidate, False
-        if requested:
-            raise SystemExit(
-                f"no Codex sessions under {candidate}/sessions: point --codex-home at your ~/.codex"
-            )
-    return config.data_dir() / "demo-codex-home", True
+def choose_codex_home(requested: str | None, force_demo: bool) -> tuple[Path, bool, str]:
+    """The Codex home to follow, whether it is Boss's own demo data, and why it was chosen."""
+    if force_demo:
+        return config.data_dir() / "demo-codex-home", True, "--demo given"
+    candidate = Path(requested or os.environ.get("CODEX_HOME") or Path.home() / ".codex").expanduser()
+    if has_sessions(candidate):
+        return candidate, False, f"found Codex sessions under {candidate}/sessions"
+    if requested:
+        raise SystemExit(
+            f"no Codex sessions (sessions/**/rollout-*.jsonl) under {candidate}: "
+            "point --codex-home at your ~/.codex"
+        )
+    why = f"no Codex sessions (sessions/**/rollout-*.jsonl) under {candidate}"
+    return config.data_dir() / "demo-codex-home", True, why
+
+
+def reset_demo_state(data: Path, codex_home: Path) -> None:
+    """Demo runs start from nothing: the previous demo sessions and the embedded databases they fed
+    are removed, so no frozen threads from an earlier run linger. Never touches a PostgreSQL
+    database or a real Codex home."""
+    shutil.rmtree(codex_home, ignore_errors=True)
+    for service in GRPC_SERVICES:
+        if config.database_url(service).startswith("sqlite"):
+            for leftover in data.glob(f"{service}.sqlite3*"):
+                leftover.unlink()
 
 
 async def grpc_healthy(address: str, timeout: float = 1.0) -> bool:
@@ -189,8 +204,10 @@ async def run_stack(arguments: argparse.Namespace) -> int:
     environment["BOSS_DATA_DIR"] = str(data)
     python = sys.executable
     processes: list[Process] = []
-    codex_home, demo = choose_codex_home(arguments.codex_home, arguments.demo)
-    print(f"Boss local stack: data in {data} (SQLite), logs in {data / 'logs'}")
+    codex_home, demo, why = choose_codex_home(arguments.codex_home, arguments.demo)
+    print(f"Boss local stack: data in {data}, logs in {data / 'logs'}")
+    if demo:
+        reset_demo_state(data, codex_home)
     try:
         for service in GRPC_SERVICES:
             if not (ROOT / "services" / service / "__main__.py").exists():
@@ -211,7 +228,7 @@ async def run_stack(arguments: argparse.Namespace) -> int:
         await wait_until_healthy(gateway, http_healthy, f"{gateway_url}/healthz")
 
         if demo:
-            print(f"\nNo Codex sessions found: writing demo sessions under {codex_home}")
+            print(f"\nDemo mode ({why}): writing demo sessions under {codex_home}")
             player = Process(
                 "demo-sessions",
                 [
@@ -222,7 +239,7 @@ async def run_stack(arguments: argparse.Namespace) -> int:
                     str(codex_home),
                     "--live",
                     "--interval",
-                    "2",
+                    str(arguments.demo_interval),
                 ],
                 data / "logs" / "demo-sessions.log",
             )
@@ -238,9 +255,9 @@ async def run_stack(arguments: argparse.Namespace) -> int:
         )
         worker.start(environment)
         processes.append(worker)
-        print(f"  ok  {'worker':<15} following {codex_home}/sessions")
+        print(f"  ok  {'worker':<15} following {codex_home}/sessions" + ("" if demo else f" ({why})"))
 
-        client_token = authority.issue_client("local-user")
+        client_token = authority.issue_client(config.default_owner_id())
         (data / "client-token").write_text(client_token + "\n")
         print(f"\nOpen the console:  {gateway_url}/console/?token={client_token}")
         print(f"API docs:          {gateway_url}/docs")
@@ -248,7 +265,7 @@ async def run_stack(arguments: argparse.Namespace) -> int:
         thread_ids = thread_ids_under(codex_home)
         if thread_ids:
             print(
-                f"Try:  curl -H 'Authorization: Bearer $(cat {data / 'client-token'})' "
+                f'Try:  curl -H "Authorization: Bearer $(cat {data / "client-token"})" '
                 f"{gateway_url}/api/v1/threads/{thread_ids[0]}/context-budget"
             )
 
@@ -279,6 +296,9 @@ def main() -> None:
     parser.add_argument("--codex-home", help="Codex home to follow (default $CODEX_HOME or ~/.codex)")
     parser.add_argument(
         "--demo", action="store_true", help="use Boss's demo sessions even if you have your own"
+    )
+    parser.add_argument(
+        "--demo-interval", type=float, default=4.0, help="seconds between demo turns (default 4)"
     )
     parser.add_argument(
         "--refresh", type=float, default=3.0, help="seconds between budget tables (default 3)"

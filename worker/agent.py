@@ -54,6 +54,7 @@ from worker.snapshots import (
     next_report_due,
     same_reported_state,
     significant_change,
+    without_stale_prediction,
 )
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,7 @@ class WorkerAgent:
         clock: Callable[[], float] = monotonic,
         wall_clock: Callable[[], datetime] = utc_now,
         on_new_thread: Callable[[str, ThreadBudgetReading, Path], None] | None = None,
+        project_of: Callable[[str], str] | None = None,
     ) -> None:
         """Wire the agent; nothing is read until :meth:`step`.
 
@@ -214,8 +216,11 @@ class WorkerAgent:
             wall_clock: aware UTC now (which threads are idle).
             on_new_thread: called (synchronously, no I/O) with (thread_id, first reading, session
                 file) the first time a thread is seen, e.g. to register it with conversations.
+            project_of: the Boss project id of a thread ("" until it is registered), carried in
+                its snapshots so the scheduler can summarise per project.
         """
         self._on_new_thread = on_new_thread
+        self._project_of = project_of
         self._settings = settings
         self._follower = follower
         self._reporter = reporter
@@ -343,7 +348,10 @@ class WorkerAgent:
                 state.dirty = True
 
     def _facts(self, state: ThreadState) -> ThreadFacts:
-        return ThreadFacts(git_state=self._git.get(state.folder), last_activity=state.activity)
+        project_id = self._project_of(state.thread_id) if self._project_of is not None else ""
+        return ThreadFacts(
+            git_state=self._git.get(state.folder), last_activity=state.activity, project_id=project_id
+        )
 
     def _rebuild(self) -> None:
         """Rebuild the snapshot of every thread whose reading or facts changed."""
@@ -352,6 +360,7 @@ class WorkerAgent:
             if not state.dirty:
                 continue
             state.dirty = False
+            state.reading = without_stale_prediction(state.reading, self._wall_clock())
             snapshot = build_snapshot(
                 state.reading,
                 thread_id=state.thread_id,
@@ -483,7 +492,10 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
         if registrar is not None:
             registrar.note(thread_id, codex_folder=reading.cwd or "", codex_thread_ref=str(path))
 
-    agent = WorkerAgent(settings, follower, reporter, on_new_thread=register)
+    def project_of(thread_id: str) -> str:
+        return registrar.registered.get(thread_id, "") if registrar is not None else ""
+
+    agent = WorkerAgent(settings, follower, reporter, on_new_thread=register, project_of=project_of)
     companions: list[asyncio.Task[None]] = []
     if registrar is not None:
         companions.append(asyncio.create_task(registrar.run(stop), name="thread-registrar"))

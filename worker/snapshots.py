@@ -15,6 +15,7 @@ Pure functions, no I/O (tested with plain values):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
 from collections.abc import Sequence
@@ -183,6 +184,20 @@ def clean_reason(text: str) -> str:
     if len(text) > MAX_REASON_CHARS:
         text = text[: MAX_REASON_CHARS - 1] + "…"
     return text
+
+
+def without_stale_prediction(reading: ThreadBudgetReading, now: datetime) -> ThreadBudgetReading:
+    """The reading without `compaction_expected_at` when that instant has already passed.
+
+    The prediction extrapolates the thread's recent growth from `captured_at`; a thread that went
+    idle (say a session from last week) would otherwise report a compaction "expected" in the past.
+    Codex only compacts on new activity, so a past prediction is no prediction (SPEC D-2: absent, not
+    invented).
+    """
+    expected = reading.compaction_expected_at
+    if expected is None or expected > now:
+        return reading
+    return dataclasses.replace(reading, compaction_expected_at=None)
 
 
 def build_snapshot(

@@ -16,8 +16,11 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.bff_gateway.schemas import (
+    CHECKLIST_LABELS,
     AlertStatusName,
     AlertTypeName,
+    ChecklistItemView,
+    ChecklistStatusName,
     ContextBudgetLevelName,
     MasterActionName,
     SourceKindName,
@@ -168,8 +171,9 @@ def thread_context_view(
     wrap_up_checklist: list[dict[str, Any]] | None = None,
     handoff_package: dict[str, Any] | None = None,
 ) -> ThreadContextBudgetView:
-    """The CB-14 thread view of a ThreadContext. `wrap_up_checklist` and `handoff_package` come from
-    the scheduler (empty list and None when it has nothing or is not wired)."""
+    """The CB-14 thread view of a ThreadContext. `wrap_up_checklist` (items shaped as
+    `checklist_item` makes them) and `handoff_package` come from the scheduler (empty list and None
+    when it has nothing or is not wired)."""
     snapshot = context.snapshot
     return ThreadContextBudgetView(
         thread_id=snapshot.thread_id,
@@ -202,9 +206,36 @@ def thread_context_view(
         next_required_report_in_seconds=context.next_required_report_in_seconds,
         master_actions=master_actions_from_proto(context.master_actions),
         open_alerts=[alert_from_proto(alert) for alert in context.open_alerts],
-        wrap_up_checklist=list(wrap_up_checklist or []),
+        wrap_up_checklist=[ChecklistItemView(**item) for item in wrap_up_checklist or []],
         handoff_package=handoff_package,
     )
+
+
+def checklist_item(key: str, status: str | None, detail: str = "") -> dict[str, Any]:
+    """One CB-18 checklist item in the gateway's one shape `{key, label, status, detail}` (see
+    schemas.ChecklistItemView) from the scheduler's `{item, status, detail}`. The label comes from
+    CHECKLIST_LABELS (an item this gateway does not know yet is labelled with its key in words); a
+    status that is not done / missing / pending (UNSPECIFIED, a newer server) counts as pending."""
+    known: tuple[ChecklistStatusName, ...] = ("done", "missing", "pending")
+    shown = cast(ChecklistStatusName, status) if status in known else "pending"
+    return {
+        "key": key,
+        "label": CHECKLIST_LABELS.get(key, key.replace("_", " ")),
+        "status": shown,
+        "detail": detail,
+    }
+
+
+def projection_checklist_item(key: str, label: str, done: bool, handoff_status: str) -> dict[str, Any]:
+    """A conversations-projection checklist line (`{key, label, done}` plus the thread's handoff
+    status) in the gateway's one shape. The projection marks done the items of a ready package; an
+    item not done is "missing" once the package is ready (the worker did not find it) and "pending"
+    before (nothing gathered yet)."""
+    if done:
+        return {"key": key, "label": label, "status": "done", "detail": ""}
+    if handoff_status == "ready":
+        return {"key": key, "label": label, "status": "missing", "detail": "not in the handoff package"}
+    return {"key": key, "label": label, "status": "pending", "detail": "not gathered yet"}
 
 
 def json_field_of(proto_field: str) -> str:

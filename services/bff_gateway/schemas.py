@@ -48,6 +48,20 @@ AlertTypeName = Literal[
     "context_watch", "context_urgent", "context_critical", "compaction_risk", "handoff_missing"
 ]
 AlertStatusName = Literal["opened", "acked", "resolved"]
+ChecklistStatusName = Literal["done", "missing", "pending"]
+
+CHECKLIST_LABELS: dict[str, str] = {
+    "files_touched": "Files touched by the current change",
+    "patches": "Patches done and not done",
+    "last_key_command": "The last key command and its result",
+    "last_test_run": "The last test conclusion",
+    "open_questions": "Open questions",
+    "next_actions": "Suggested next actions for the next thread",
+    "evidence_links": "Links to required evidence",
+}
+"""The CB-18 wrap-up checklist items in the spec's order: key (the scheduler's item name, also the
+conversations projection's key) -> the label shown to a person. Same labels as the projection's
+(services/conversations/domain/model.py CHECKLIST_ITEMS)."""
 
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
 
@@ -238,6 +252,28 @@ class ThreadContextAlertView(BaseModel):
     reason: str
 
 
+class ChecklistItemView(BaseModel):
+    """One line of the pre-compaction wrap-up checklist (SPEC CB-18). The same shape everywhere a
+    checklist is answered: `wrap_up_checklist` of `GET /api/v1/threads/{id}/context-budget` (from the
+    scheduler) and of `GET /api/v1/threads/{id}/context-summary` (from the conversations
+    projection), and `checklist` of a handoff package."""
+
+    key: str = Field(
+        description=(
+            "Stable item key: files_touched, patches, last_key_command, last_test_run, "
+            "open_questions, next_actions, evidence_links."
+        )
+    )
+    label: str = Field(description="The item in words, for a person.")
+    status: ChecklistStatusName = Field(
+        description=(
+            "done: the handoff package holds it; missing: the worker looked for it and did not find "
+            "it (the package was made without it); pending: not gathered yet."
+        )
+    )
+    detail: str = Field(description="What was found, or why it is missing, in words; may be empty.")
+
+
 class ThreadContextBudgetView(BaseModel):
     """Body of `GET /api/v1/threads/{thread_id}/context-budget` (SPEC CB-14). Instants are UTC
     (RFC 3339 with `Z`); figures that were never reported are null."""
@@ -264,8 +300,11 @@ class ThreadContextBudgetView(BaseModel):
     next_required_report_in_seconds: int
     master_actions: list[MasterActionName]
     open_alerts: list[ThreadContextAlertView]
-    wrap_up_checklist: list[dict[str, Any]] = Field(
-        description="The current pre-compaction wrap-up checklist (CB-18); filled by the scheduler."
+    wrap_up_checklist: list[ChecklistItemView] = Field(
+        description=(
+            "The current pre-compaction wrap-up checklist (CB-18) from the scheduler's handoff "
+            "package, in the spec's order; empty while the thread has no package."
+        )
     )
     handoff_package: dict[str, Any] | None = Field(
         description="The thread's handoff package and its status; filled by the scheduler, null when none."

@@ -18,6 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from services.bff_gateway import access_log
 from services.bff_gateway.clients import (
     ChannelSlot,
     ContextBudgetClient,
@@ -47,6 +48,7 @@ def create_app(
     context_budget_channel: grpc.aio.Channel | None = None,
     wrap_up_source: WrapUpSource | None = None,
     scheduler_channel: grpc.aio.Channel | None = None,
+    conversations_channel: grpc.aio.Channel | None = None,
 ) -> FastAPI:
     """The gateway's FastAPI app.
 
@@ -60,6 +62,9 @@ def create_app(
         scheduler_channel: a grpc.aio channel to the scheduler, owned by the caller; when None one is
             opened to BOSS_SCHEDULER_ADDRESS on first use. Serves the handoff routes and, unless
             `wrap_up_source` is given, CB-14's checklist and package status.
+        conversations_channel: a grpc.aio channel to conversations, owned by the caller; when None
+            one is opened to BOSS_CONVERSATIONS_ADDRESS on first use. Serves the conversation routes,
+            the SSE stream and the owner check of client tokens on thread reads (ownership.py).
     """
     slot = ChannelSlot(target=settings.context_budget_address, channel=context_budget_channel)
     scheduler_slot = ChannelSlot(target=config.service_address("scheduler"), channel=scheduler_channel)
@@ -95,7 +100,7 @@ def create_app(
     app.include_router(workers.router)
     app.include_router(threads.router)
     handoff.install(app, scheduler)
-    conversations.install(app)
+    conversations.install(app, conversations_channel)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -119,6 +124,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
     channel = open_channel(settings.context_budget_address)
     app = create_app(settings, context_budget_channel=channel)
     _instrument(app)
+    access_log.install()
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=10)
     )

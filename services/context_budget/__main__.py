@@ -5,6 +5,8 @@
 
 Settings come from the environment (services/shared/config.py): BOSS_CONTEXT_BUDGET_DATABASE_URL or
 BOSS_DATABASE_URL (default: SQLite under BOSS_DATA_DIR), BOSS_CONTEXT_BUDGET_LISTEN, BOSS_AUTH_SECRET.
+BOSS_CONTEXT_BUDGET_INGEST_IN_FLIGHT (optional, an integer >= 1) overrides how many ingest
+transactions run at once (server.build_service: 2 on PostgreSQL, 1 on SQLite).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 
 from services.context_budget import SERVICE_NAME
 from services.context_budget.server import build_service, migrate
@@ -24,7 +27,11 @@ log = logging.getLogger("services.context_budget")
 
 async def _serve() -> None:
     configure_telemetry(SERVICE_NAME)
-    service = build_service(ServiceSettings.from_environment(SERVICE_NAME))
+    in_flight = os.environ.get("BOSS_CONTEXT_BUDGET_INGEST_IN_FLIGHT")
+    service = build_service(
+        ServiceSettings.from_environment(SERVICE_NAME),
+        batch_max_in_flight=int(in_flight) if in_flight else None,
+    )
     instrument_engine(service.database.writer)
     await service.run()
 

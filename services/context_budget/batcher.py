@@ -1,7 +1,8 @@
 """Group commit for ingest: snapshots arriving together share one transaction.
 
 Every unary call and every stream message hands its validated snapshots to the one `IngestBatcher`
-of the process and waits. The batcher runs one transaction at a time:
+of the process and waits. The batcher runs up to `max_in_flight` transactions at once (default 1;
+the service uses 2 on PostgreSQL):
 
 - Before each transaction it collects: it waits while submissions keep arriving, closing the window
   after `max_wait_seconds` (default 2 ms) without a new one, or once `max_items` snapshots (default
@@ -14,8 +15,14 @@ of the process and waits. The batcher runs one transaction at a time:
   waiter of that batch gets the error (UNAVAILABLE for connection problems, INTERNAL otherwise) and
   nothing of the batch is stored.
 
-Because the transactions run one after another, snapshots of one thread submitted in order are
-applied in order, within and across batches.
+Pipelining (`max_in_flight` > 1, which needs a `conflict_keys` function): while one batch commits,
+the next is collected and run, so the service prepares batch N+1 while PostgreSQL flushes batch N,
+and closed-loop clients whose acks went out are not held until a whole cohort commits. Order per key
+(thread and snapshot id for ingest) is kept: a batch takes submissions in arrival order and stops at
+the first one that shares a key with a batch still in flight; that one waits until the conflicting
+batch has finished. So two transactions in flight never touch the same thread, and snapshots of one
+thread submitted in order are applied in order, within and across batches. (The outbox sequencer
+lock still serialises the two commits at their tail; the work before it overlaps.)
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -78,6 +85,12 @@ class IngestBatcher(Generic[ItemT, ResultT]):
         max_items: a batch stops growing once it holds this many items.
         max_wait_seconds: idle gap that closes the collection window.
         max_delay_seconds: the longest a window stays open.
+        max_in_flight: most batches being processed at once (module docstring, "Pipelining").
+        conflict_keys: the keys an item touches (e.g. its thread id); batches in flight at the same
+            time never share a key. Required when max_in_flight > 1.
+
+    Raises:
+        ValueError: max_in_flight < 1, or > 1 without conflict_keys.
     """
 
     def __init__(
@@ -87,7 +100,11 @@ class IngestBatcher(Generic[ItemT, ResultT]):
         max_items: int = 2_000,
         max_wait_seconds: float = 0.002,
         max_delay_seconds: float = 0.01,
+        max_in_flight: int = 1,
+        conflict_keys: Callable[[ItemT], Iterable[Hashable]] | None = None,
     ) -> None:
+        if max_in_flight < 1 or (max_in_flight > 1 and conflict_keys is None):
+            raise ValueError("max_in_flight must be 1, or more with a conflict_keys function")
         self._process = process
         self._max_items = max_items
         self._max_wait = max_wait_seconds
@@ -97,6 +114,10 @@ class IngestBatcher(Generic[ItemT, ResultT]):
         self._arrived = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._max_in_flight = max_in_flight
+        self._conflict_keys = conflict_keys
+        self._in_flight: dict[asyncio.Task[None], set[Hashable]] = {}
+        self._finished = asyncio.Event()
         self._closed = False
         self.batches_committed = 0
 
@@ -138,15 +159,41 @@ class IngestBatcher(Generic[ItemT, ResultT]):
             while True:
                 if not self._pending:
                     if self._closed:
+                        await self._drain()
                         return
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
                 await self._collect_window()
-                await self._commit(self._take_batch())
+                batch = self._take_batch()
+                if batch is None:
+                    await self._wait_for_a_finished_batch()
+                    continue
+                submissions, keys = batch
+                if self._max_in_flight == 1:
+                    await self._commit(submissions)
+                    continue
+                task = asyncio.create_task(self._commit(submissions), name="context-budget-ingest-batch")
+                self._in_flight[task] = keys
+                task.add_done_callback(self._batch_done)
         except asyncio.CancelledError:
+            for task in list(self._in_flight):
+                task.cancel()
             self._fail_all(StorageUnavailable("context budget service is stopping", reason="SHUTTING_DOWN"))
             raise
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.pop(task, None)
+        self._finished.set()
+
+    async def _wait_for_a_finished_batch(self) -> None:
+        self._finished.clear()
+        if self._in_flight:
+            await self._finished.wait()
+
+    async def _drain(self) -> None:
+        while self._in_flight:
+            await self._wait_for_a_finished_batch()
 
     async def _collect_window(self) -> None:
         """Waits while submissions keep arriving (module docstring)."""
@@ -160,15 +207,35 @@ class IngestBatcher(Generic[ItemT, ResultT]):
             if self._arrived == seen or loop.time() >= deadline:
                 return
 
-    def _take_batch(self) -> list[_Submission[ItemT, ResultT]]:
-        batch = [self._pending.popleft()]
-        count = len(batch[0].items)
-        while self._pending and count + len(self._pending[0].items) <= self._max_items:
-            submission = self._pending.popleft()
+    def _keys_of(self, submission: _Submission[ItemT, ResultT]) -> set[Hashable]:
+        if self._conflict_keys is None:
+            return set()
+        return {key for item in submission.items for key in self._conflict_keys(item)}
+
+    def _take_batch(self) -> tuple[list[_Submission[ItemT, ResultT]], set[Hashable]] | None:
+        """The next batch in arrival order and its keys, or None when no batch may start now (as
+        many in flight as allowed, or the oldest submission conflicts with one in flight)."""
+        if len(self._in_flight) >= self._max_in_flight:
+            return None
+        busy: set[Hashable] = set().union(*self._in_flight.values()) if self._in_flight else set()
+        batch: list[_Submission[ItemT, ResultT]] = []
+        keys: set[Hashable] = set()
+        count = 0
+        while self._pending:
+            submission = self._pending[0]
+            if batch and count + len(submission.items) > self._max_items:
+                break
+            submission_keys = self._keys_of(submission) if busy or self._max_in_flight > 1 else set()
+            if busy and not busy.isdisjoint(submission_keys):
+                break
+            self._pending.popleft()
             batch.append(submission)
+            keys |= submission_keys
             count += len(submission.items)
+        if not batch:
+            return None
         self._pending_items -= count
-        return batch
+        return batch, keys
 
     async def _commit(self, batch: list[_Submission[ItemT, ResultT]]) -> None:
         items = [item for submission in batch for item in submission.items]

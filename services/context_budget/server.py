@@ -115,6 +115,12 @@ class ContextBudgetService:
         await self.host.run()
 
 
+def snapshot_conflict_keys(snapshot: Snapshot) -> tuple[str, str]:
+    """What two ingest transactions in flight together must not share: the thread (its current row,
+    alerts and version order) and the snapshot id (its idempotency check)."""
+    return ("thread:" + snapshot.thread_id, "snapshot:" + snapshot.snapshot_id)
+
+
 def build_service(
     settings: ServiceSettings,
     *,
@@ -124,6 +130,7 @@ def build_service(
     batch_max_items: int = 2_000,
     batch_max_wait_seconds: float = 0.001,
     batch_max_delay_seconds: float = 0.005,
+    batch_max_in_flight: int | None = None,
 ) -> ContextBudgetService:
     """Wires the service from `settings` (nothing runs until `start()` or `run()`).
 
@@ -134,8 +141,13 @@ def build_service(
         compaction_risk_horizon: compaction_expected_at this close to captured_at opens compaction_risk.
         batch_max_items / batch_max_wait_seconds / batch_max_delay_seconds: group-commit limits
             (batcher.py).
+        batch_max_in_flight: ingest transactions at once (batcher.py "Pipelining"); default 2 on
+            PostgreSQL (batches in flight together never share a thread or snapshot id), 1 on SQLite
+            (its writers are serialised anyway).
     """
     database = Database.connect(settings.database_url, schema)
+    if batch_max_in_flight is None:
+        batch_max_in_flight = 2 if database.dialect == "postgresql" else 1
     event_log = EventLog(database, metadata)
     handlers = ContextBudgetHandlers(
         database,
@@ -149,6 +161,8 @@ def build_service(
         max_items=batch_max_items,
         max_wait_seconds=batch_max_wait_seconds,
         max_delay_seconds=batch_max_delay_seconds,
+        max_in_flight=batch_max_in_flight,
+        conflict_keys=snapshot_conflict_keys,
     )
     authority = TokenAuthority(settings.auth_secret)
     servicer = ContextBudgetServicer(
@@ -163,7 +177,7 @@ def build_service(
         listen=settings.listen,
         register=register,
         service_names=[GRPC_SERVICE_NAME],
-        background=[event_log.run_sequencer],
+        background=[event_log.run_notifier],
         on_stop=[batcher.close, database.dispose],
     )
     return ContextBudgetService(

@@ -100,7 +100,7 @@ class ConversationsApp:
 
     def host(self, listen: str) -> ServiceHost:
         """The gRPC host with the sequencer and consumers as background tasks."""
-        background: list[Callable[[], Awaitable[None]]] = [self.event_log.run_sequencer]
+        background: list[Callable[[], Awaitable[None]]] = [self.event_log.run_notifier]
         background += [consumer.run for consumer in self.consumers]
         return ServiceHost(
             name="conversations",

@@ -9,11 +9,14 @@ Published event types (payloads always carry `owner_id`, so streams can be filte
 - `conversation.context_indicator.updated` (CB-15): a home-list ring changed. Payload: conversation_id,
   project_id, conversation_type, thread_id, context_budget_indicator {visible, style, percent, level},
   context_budget_source_node_id, context_budget_updated_at, must_finish_before_compaction.
-- `project.context_risk.updated` (CB-15): a thread of the project reported. Payload: project_id,
-  conversation_id, thread_context (the thread's summary, as in the project detail),
-  next_compaction_risk_thread_id, threads_requiring_handoff, master_context_strategy_summary.
+- `project.context_risk.updated` (CB-15): a thread of the project reported or changed handoff state
+  (thread_context: that thread), or the scheduler's strategy summary changed (thread_context: the
+  project's most-at-risk thread). Payload: project_id, conversation_id, thread_context (the thread's
+  summary, as in the project detail), next_compaction_risk_thread_id, threads_requiring_handoff,
+  master_context_strategy_summary.
 - `thread.handoff.required`, `thread.handoff.ready` (CB-15): relayed from the scheduler with
-  thread_id, project_ids, handoff_status, handoff_package_id, handoff_reason.
+  thread_id, project_ids, handoff_status, handoff_package_id, handoff_reason (in words),
+  to_thread_id.
 - `conversation.updated`: created, pinned, renamed, archived (payload `change` and `conversation`).
 - `conversation.message.created`: a stored message (payload `message`, `latest_reply_at`).
 - `thread.registered`: a thread was registered (payload thread metadata and `project_id`).
@@ -43,20 +46,22 @@ from services.conversations.adapters.repository import (
 from services.conversations.domain.model import (
     GROUP,
     HANDOFF_NONE,
-    HANDOFF_READY,
-    HANDOFF_REQUIRED,
     LEVELS,
     MASTER_AGENT,
     MASTER_ALIAS,
+    SCHEDULER_HANDOFF_EVENTS,
     SINGLE_DEVICE,
     ChecklistEntry,
+    HandoffState,
     Indicator,
     Registration,
     SortKey,
     ThreadBudget,
     ThreadView,
+    apply_handoff_event,
     conversation_id_of,
     default_title,
+    handoff_reason_in_words,
     indicator_for,
     master_project_id,
     next_compaction_risk_thread,
@@ -86,6 +91,7 @@ INDICATOR_UPDATED = "conversation.context_indicator.updated"
 PROJECT_RISK_UPDATED = "project.context_risk.updated"
 HANDOFF_REQUIRED_EVENT = "thread.handoff.required"
 HANDOFF_READY_EVENT = "thread.handoff.ready"
+STRATEGY_UPDATED_EVENT = "project.context_strategy.updated"
 CONVERSATION_UPDATED = "conversation.updated"
 MESSAGE_CREATED = "conversation.message.created"
 THREAD_REGISTERED = "thread.registered"
@@ -672,7 +678,8 @@ class ConversationsHandlers:
         thread's budget, the rings showing it and its projects' risk, publishing CB-15 events.
 
         A thread never registered is imported here (owner: the default owner) with a single_device
-        project, so a worker that reports before registering still shows up. Older readings than
+        project, so a worker that reports before registering still shows up; a thread imported from
+        a scheduler event (no worker named) gets its worker and folder here. Older readings than
         the stored one change nothing. Malformed payloads are logged and skipped (never block the
         stream). Other event types only advance the cursor.
         """
@@ -708,6 +715,8 @@ class ConversationsHandlers:
                 await self._register(connection, registration, event.occurred_at)
                 thread = await repository.thread(thread_id)
                 assert thread is not None
+            elif not thread["worker_id"] and event.payload.get("worker_id"):
+                await repository.update_thread(thread_id, _reporter_columns(thread, event.payload))
             if not budget.is_newer_than(budget_of(thread)):
                 continue
             await repository.update_thread(thread_id, budget_columns(budget))
@@ -724,7 +733,6 @@ class ConversationsHandlers:
         assert thread is not None
         view = view_of(thread)
         events: list[NewEvent] = []
-        now = utc_now()
         for project in await repository.projects_showing_thread(thread_id):
             indicator = indicator_for(project["conversation_type"], thread_id, view.budget)
             await repository.update_project(project["project_id"], indicator_columns(indicator))
@@ -734,91 +742,193 @@ class ConversationsHandlers:
             if project["archived_at"] is not None:
                 continue
             detail = await self._detail(repository, project)
-            events.append(
-                NewEvent(
-                    PROJECT_RISK_UPDATED,
-                    {
-                        "owner_id": project["owner_id"],
-                        "project_id": project["project_id"],
-                        "conversation_id": conversation_id_of(project["project_id"]),
-                        "conversation_type": project["conversation_type"],
-                        "thread_context": thread_summary_payload(view),
-                        "next_compaction_risk_thread_id": detail.next_compaction_risk_thread_id,
-                        "threads_requiring_handoff": detail.threads_requiring_handoff,
-                        "master_context_strategy_summary": detail.master_context_strategy_summary,
-                        "updated_at": isoformat_utc(now),
-                    },
-                    thread_id=thread_id,
-                    project_id=project["project_id"],
-                    node_id=thread["node_id"],
-                )
-            )
+            events.append(_project_risk_event(project, detail, view, thread["node_id"]))
         return events
 
     async def apply_scheduler_events(
         self, connection: AsyncConnection, batch: list[StoredEvent]
     ) -> list[NewEvent]:
-        """Applies the scheduler's events: `thread.handoff.required` / `.ready` set the thread's handoff
-        state (and are relayed as CB-15 events to clients); `thread.handoff.consumed` / `.expired`
-        clear it; `project.context_strategy.updated` stores the project's strategy summary.
-        Unknown threads and projects are skipped (they are not this context's to invent)."""
+        """Applies the scheduler's events (payloads as services/scheduler/service.py writes them).
+
+        - `thread.handoff.required` {thread_id, project_id, node_id, reason: context_urgent |
+          context_critical | compaction_near | handoff_missing, handoff_package_id, to_thread_id,
+          context_budget_level, context_budget_remaining_pct, compaction_expected_at |
+          compaction_count}: the thread's handoff is required, with the reason in words.
+        - `thread.handoff.ready` {thread_id (= from_thread_id), handoff_package_id, to_thread_id,
+          missing_items: scheduler checklist item names}: ready; the checklist is done except the
+          missing items.
+        - `thread.handoff.consumed` / `.expired` (same package payload): back to "none".
+        - `project.context_strategy.updated` {project_id, master_context_strategy_summary, ...}:
+          stores the project's summary (CB-13). The scheduler keys it by the `project_id` workers
+          report; a project unknown here is skipped.
+
+        Required and ready are relayed as CB-15 events (thread_id, project_ids, handoff_status,
+        handoff_package_id, handoff_reason, to_thread_id); every applied change also refreshes the
+        projects' `project.context_risk.updated`. Events about an older package than the one the
+        thread shows change nothing. A required or ready event for a thread not known yet (its first
+        budget event is still behind on the other stream) imports the thread for the default owner,
+        as a budget event would, so the handoff state is not lost; consumed / expired for an unknown
+        thread are skipped. `thread.schedule.updated` and other types only advance the cursor.
+        """
         repository = SqlAlchemyConversationsRepository(connection)
         published: list[NewEvent] = []
         for event in batch:
-            payload = event.payload
-            if event.type == "project.context_strategy.updated":
-                project_id = str(payload.get("project_id") or event.project_id)
-                summary = str(
-                    payload.get("strategy_summary") or payload.get("master_context_strategy_summary") or ""
-                )
-                if project_id and await repository.project(project_id) is not None:
-                    await repository.update_project(project_id, {"strategy_summary": summary})
-                continue
-            status = {
-                HANDOFF_REQUIRED_EVENT: HANDOFF_REQUIRED,
-                HANDOFF_READY_EVENT: HANDOFF_READY,
-                "thread.handoff.consumed": HANDOFF_NONE,
-                "thread.handoff.expired": HANDOFF_NONE,
-            }.get(event.type)
-            thread_id = str(payload.get("thread_id") or payload.get("from_thread_id") or event.thread_id)
-            if status is None or not thread_id:
-                continue
-            thread = await repository.thread(thread_id)
-            if thread is None:
-                log.info("handoff event %s for unknown thread %s skipped", event.sequence, thread_id)
-                continue
-            package_id = str(payload.get("handoff_package_id") or "")
-            reason = str(payload.get("reason") or payload.get("handoff_reason") or "")
-            done = payload.get("checklist_done") or []
-            await repository.update_thread(
-                thread_id,
-                {
-                    "handoff_status": status,
-                    "handoff_package_id": package_id if status != HANDOFF_NONE else "",
-                    "handoff_reason": reason if status != HANDOFF_NONE else "",
-                    "checklist_done_json": json.dumps(
-                        [str(k) for k in done] if isinstance(done, list) else []
-                    ),
-                },
-            )
-            project_ids = (await repository.project_ids_of_threads([thread_id]))[thread_id]
-            if event.type in (HANDOFF_REQUIRED_EVENT, HANDOFF_READY_EVENT):
-                published.append(
-                    NewEvent(
-                        event.type,
-                        {
-                            "owner_id": thread["owner_id"],
-                            "thread_id": thread_id,
-                            "project_ids": project_ids,
-                            "handoff_status": status,
-                            "handoff_package_id": package_id,
-                            "handoff_reason": reason,
-                            "to_thread_id": str(payload.get("to_thread_id") or ""),
-                        },
-                        thread_id=thread_id,
-                        node_id=thread["node_id"],
-                    )
-                )
-            if thread["archived_at"] is None:
-                published += await self._publish_thread_change(repository, thread_id)
+            if event.type == STRATEGY_UPDATED_EVENT:
+                published += await self._apply_strategy(repository, event)
+            elif event.type in SCHEDULER_HANDOFF_EVENTS:
+                published += await self._apply_handoff(connection, repository, event)
         return published
+
+    async def _apply_strategy(
+        self, repository: SqlAlchemyConversationsRepository, event: StoredEvent
+    ) -> list[NewEvent]:
+        """Stores a `project.context_strategy.updated` summary; when it changed, publishes the
+        project's `project.context_risk.updated` (its thread_context: the project's most-at-risk
+        thread) so clients see the new summary."""
+        payload = event.payload
+        project_id = str(payload.get("project_id") or event.project_id or "")
+        summary = str(payload.get("master_context_strategy_summary") or "")
+        project = await repository.project(project_id) if project_id else None
+        if project is None:
+            log.debug("strategy event %s for project %r unknown here skipped", event.sequence, project_id)
+            return []
+        if project["strategy_summary"] == summary:
+            return []
+        await repository.update_project(project_id, {"strategy_summary": summary})
+        project = await repository.project(project_id)
+        assert project is not None
+        if project["archived_at"] is not None:
+            return []
+        detail = await self._detail(repository, project)
+        if not detail.threads:
+            return []
+        first = detail.threads[0]
+        return [_project_risk_event(project, detail, first, first.node_id)]
+
+    async def _apply_handoff(
+        self, connection: AsyncConnection, repository: SqlAlchemyConversationsRepository, event: StoredEvent
+    ) -> list[NewEvent]:
+        """Applies one handoff event (see `apply_scheduler_events`)."""
+        payload = event.payload
+        thread_id = str(payload.get("thread_id") or payload.get("from_thread_id") or event.thread_id or "")
+        if not thread_id:
+            log.warning("handoff event %s names no thread; skipped", event.sequence)
+            return []
+        thread = await repository.thread(thread_id)
+        if thread is None and event.type not in (HANDOFF_REQUIRED_EVENT, HANDOFF_READY_EVENT):
+            log.info("%s %s for unknown thread %s skipped", event.type, event.sequence, thread_id)
+            return []
+        if thread is None:
+            registration = Registration(
+                thread_id=thread_id,
+                node_id=str(payload.get("node_id") or event.node_id or ""),
+                worker_id=str(payload.get("worker_id") or ""),
+                owner_id=self.default_owner_id,
+                codex_folder=str(payload.get("codex_folder") or ""),
+            )
+            await self._register(connection, registration, event.occurred_at)
+            thread = await repository.thread(thread_id)
+            assert thread is not None
+        package_id = str(payload.get("handoff_package_id") or "")
+        try:
+            reason = handoff_reason_in_words(
+                str(payload.get("reason") or ""),
+                level=str(payload.get("context_budget_level") or ""),
+                remaining_pct=_optional_float(payload.get("context_budget_remaining_pct")),
+                compaction_expected_at=_parse_time(payload.get("compaction_expected_at")),
+                compaction_count=int(payload.get("compaction_count") or 0),
+            )
+        except (TypeError, ValueError) as error:
+            log.warning("handoff event %s for %s: %s; reason kept as sent", event.sequence, thread_id, error)
+            reason = str(payload.get("reason") or "")
+        missing = payload.get("missing_items") or []
+        current = HandoffState(
+            status=thread["handoff_status"] or HANDOFF_NONE,
+            handoff_package_id=thread["handoff_package_id"] or "",
+            reason=thread["handoff_reason"] or "",
+            checklist_done=tuple(json.loads(thread["checklist_done_json"] or "[]")),
+        )
+        changed = apply_handoff_event(
+            current,
+            event.type,
+            package_id,
+            reason,
+            [str(item) for item in missing] if isinstance(missing, list) else [],
+        )
+        if changed is None:
+            log.info(
+                "%s of package %s for %s skipped: the thread shows package %s",
+                event.type,
+                package_id,
+                thread_id,
+                current.handoff_package_id,
+            )
+            return []
+        await repository.update_thread(
+            thread_id,
+            {
+                "handoff_status": changed.status,
+                "handoff_package_id": changed.handoff_package_id,
+                "handoff_reason": changed.reason,
+                "checklist_done_json": json.dumps(list(changed.checklist_done)),
+            },
+        )
+        published: list[NewEvent] = []
+        project_ids = (await repository.project_ids_of_threads([thread_id]))[thread_id]
+        if event.type in (HANDOFF_REQUIRED_EVENT, HANDOFF_READY_EVENT):
+            published.append(
+                NewEvent(
+                    event.type,
+                    {
+                        "owner_id": thread["owner_id"],
+                        "thread_id": thread_id,
+                        "project_ids": project_ids,
+                        "handoff_status": changed.status,
+                        "handoff_package_id": changed.handoff_package_id,
+                        "handoff_reason": changed.reason,
+                        "to_thread_id": str(payload.get("to_thread_id") or ""),
+                    },
+                    thread_id=thread_id,
+                    node_id=thread["node_id"],
+                )
+            )
+        if thread["archived_at"] is None:
+            published += await self._publish_thread_change(repository, thread_id)
+        return published
+
+
+def _reporter_columns(thread: Mapping[Any, Any], payload: Mapping[Any, Any]) -> dict[str, Any]:
+    """Worker and folder of a thread imported from a scheduler event (which names neither), from
+    a budget event."""
+    return {
+        "worker_id": str(payload["worker_id"]),
+        "codex_folder": thread["codex_folder"] or str(payload.get("codex_folder") or ""),
+    }
+
+
+def _optional_float(value: Any) -> float | None:
+    """A number from a JSON payload, None for null / absent. Raises ValueError / TypeError."""
+    return None if value is None else float(value)
+
+
+def _project_risk_event(
+    project: Mapping[Any, Any], detail: ProjectDetailView, view: ThreadView, node_id: str
+) -> NewEvent:
+    """`project.context_risk.updated` for a project, with `view` as its thread_context."""
+    return NewEvent(
+        PROJECT_RISK_UPDATED,
+        {
+            "owner_id": project["owner_id"],
+            "project_id": project["project_id"],
+            "conversation_id": conversation_id_of(project["project_id"]),
+            "conversation_type": project["conversation_type"],
+            "thread_context": thread_summary_payload(view),
+            "next_compaction_risk_thread_id": detail.next_compaction_risk_thread_id,
+            "threads_requiring_handoff": detail.threads_requiring_handoff,
+            "master_context_strategy_summary": detail.master_context_strategy_summary,
+            "updated_at": isoformat_utc(utc_now()),
+        },
+        thread_id=view.thread_id,
+        project_id=project["project_id"],
+        node_id=node_id,
+    )

@@ -126,7 +126,7 @@ def build(
         listen=listen,
         register=lambda server: scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server),
         service_names=[SERVICE_NAME],
-        background=[event_log.run_sequencer, consumer.run, expiry_sweeper(handlers)],
+        background=[event_log.run_notifier, consumer.run, expiry_sweeper(handlers)],
         on_stop=[database.dispose],
     )
     return SchedulerApp(database, event_log, handlers, consumer, host)

@@ -10,6 +10,7 @@
 | BOSS_<SERVICE>_ADDRESS | 127.0.0.1:<port> | where clients find a service |
 | BOSS_MIGRATE_ON_START | true | apply Alembic migrations when a service starts (false in production) |
 | BOSS_LOG_LEVEL | INFO | Python logging level |
+| BOSS_DEFAULT_OWNER_ID | local | owner of threads registered without one (one person's installation) |
 
 Services are named `context_budget`, `scheduler`, `conversations` and `gateway`.
 """
@@ -64,6 +65,12 @@ def listen_address(service: str) -> str:
 def service_address(service: str) -> str:
     """host:port (or a gRPC target such as dns:///name:port) where clients reach a service."""
     return _env(f"BOSS_{service.upper()}_ADDRESS") or f"127.0.0.1:{DEFAULT_PORTS[service]}"
+
+
+def default_owner_id() -> str:
+    """The owner of threads that workers register without naming one, and of `make run`'s client
+    token: a one-person installation has a single owner."""
+    return _env("BOSS_DEFAULT_OWNER_ID") or "local"
 
 
 def migrate_on_start() -> bool:

@@ -7,6 +7,20 @@ Consumer: `EventConsumer` follows another context's stream and applies events in
 is applied in one transaction of the consumer's own database *together with* the stored cursor
 (`event_cursors`), so a restart of either side loses and repeats nothing. Handlers must still be
 idempotent by sequence for safety, and must not call other services.
+
+Batching: a transaction costs a few milliseconds whatever its size, so under load the consumer must
+apply many events per transaction to keep up with its upstream.
+
+- Idle stream (nothing was waiting when the previous batch finished): the first event is applied
+  almost at once, together with whatever the reader can take off the connection without waiting
+  (the applier yields to the event loop while that grows the queue, at most `SETTLE_YIELDS` times).
+  The events of one upstream commit arrive back to back, so they share one transaction instead of
+  the first one being applied alone and the rest waiting a whole transaction for the next.
+- Busy stream (events were still queued when the previous batch finished, i.e. the consumer is
+  behind): it lingers to fill the batch, collecting while events keep arriving, closing the window
+  after `linger_seconds` (default 1 ms) without a new one, once `batch_size` events wait, or
+  `max_linger_seconds` (default 5 ms) after it opened. The wait lets the reader (same event loop)
+  run ahead of the applier instead of the two alternating on a handful of events.
 """
 
 from __future__ import annotations
@@ -28,6 +42,9 @@ from services.shared.outbox import EventLog, NewEvent, StoredEvent
 from services.shared.time import from_timestamp, to_timestamp, utc_now
 
 log = logging.getLogger(__name__)
+
+# How many times an idle consumer yields to the event loop while that still grows its batch.
+SETTLE_YIELDS = 8
 
 
 def to_envelope(event: StoredEvent) -> events_pb2.EventEnvelope:
@@ -86,6 +103,8 @@ class EventConsumer:
             this service's own outbox (written in the same transaction).
         event_log: this service's outbox, when handlers publish events.
         batch_size: most events applied per transaction.
+        linger_seconds / max_linger_seconds: the batch-filling window on a busy stream (module
+            docstring); 0 turns lingering off.
     """
 
     def __init__(
@@ -98,6 +117,8 @@ class EventConsumer:
         handle: BatchHandler,
         event_log: EventLog | None = None,
         batch_size: int = 500,
+        linger_seconds: float = 0.001,
+        max_linger_seconds: float = 0.005,
     ) -> None:
         self.stream_name = stream_name
         self._database = database
@@ -106,7 +127,10 @@ class EventConsumer:
         self._handle = handle
         self._event_log = event_log
         self._batch_size = batch_size
+        self._linger = linger_seconds
+        self._max_linger = max_linger_seconds
         self.last_sequence = 0
+        self.batches_applied = 0
         self.applied = asyncio.Condition()
 
     async def load_cursor(self) -> int:
@@ -155,6 +179,7 @@ class EventConsumer:
                 )
         if published and self._event_log is not None:
             self._event_log.kick()
+        self.batches_applied += 1
         async with self.applied:
             self.last_sequence = fresh[-1].sequence
             self.applied.notify_all()
@@ -183,6 +208,51 @@ class EventConsumer:
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 10.0)
 
+    def _drain(
+        self, queue: asyncio.Queue[StoredEvent | BaseException], batch: list[StoredEvent]
+    ) -> BaseException | None:
+        """Moves queued events into `batch` up to batch_size; returns a queued failure, if any."""
+        while len(batch) < self._batch_size and not queue.empty():
+            item = queue.get_nowait()
+            if isinstance(item, BaseException):
+                return item
+            batch.append(item)
+        return None
+
+    async def _settle(
+        self, queue: asyncio.Queue[StoredEvent | BaseException], batch: list[StoredEvent]
+    ) -> BaseException | None:
+        """Takes what arrives without waiting: yields to the loop while that grows the batch."""
+        for _ in range(SETTLE_YIELDS):
+            if len(batch) >= self._batch_size:
+                return None
+            seen = len(batch)
+            await asyncio.sleep(0)
+            failure = self._drain(queue, batch)
+            if failure is not None:
+                return failure
+            if len(batch) == seen:
+                return None
+        return None
+
+    async def _linger_for_more(
+        self, queue: asyncio.Queue[StoredEvent | BaseException], batch: list[StoredEvent]
+    ) -> BaseException | None:
+        """The batch-filling window of a busy stream (module docstring)."""
+        if self._linger <= 0:
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._max_linger
+        while len(batch) < self._batch_size and loop.time() < deadline:
+            seen = len(batch)
+            await asyncio.sleep(self._linger)
+            failure = self._drain(queue, batch)
+            if failure is not None:
+                return failure
+            if len(batch) == seen:
+                return None
+        return None
+
     async def _follow_once(self) -> None:
         cursor = await self.load_cursor()
         queue: asyncio.Queue[StoredEvent | BaseException] = asyncio.Queue(maxsize=self._batch_size * 4)
@@ -196,22 +266,21 @@ class EventConsumer:
                 await queue.put(error)
 
         reader = asyncio.create_task(read())
+        busy = False
         try:
             while True:
                 first = await queue.get()
                 if isinstance(first, BaseException):
                     raise first
                 batch = [first]
-                failure: BaseException | None = None
-                while len(batch) < self._batch_size and not queue.empty():
-                    item = queue.get_nowait()
-                    if isinstance(item, BaseException):
-                        failure = item
-                        break
-                    batch.append(item)
+                failure = self._drain(queue, batch)
+                if failure is None:
+                    linger = self._linger_for_more if busy else self._settle
+                    failure = await linger(queue, batch)
                 await self.apply(batch)
                 if failure is not None:
                     raise failure
+                busy = not queue.empty()
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

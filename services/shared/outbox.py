@@ -1,15 +1,22 @@
-"""Transactional outbox with a single sequencer, and the resumable event stream built on it.
+"""Transactional outbox with a lock-serialised sequence, and the resumable event stream built on it.
 
 Every state change that other contexts must see is written as a row of `outbox_events` in the same
-transaction as the change (`EventLog.append`). Rows get no stream position when written: an
-auto-increment id is *not* a safe resume cursor on PostgreSQL, because ids are taken at INSERT time
-but become visible at COMMIT time, so a reader that has seen id 11 may later find a committed id 10
-and skip it. Instead one sequencer, serialised by a row lock on `outbox_sequencer`, numbers the
-committed rows that have no sequence yet, in one transaction. A sequence therefore becomes visible
-only together with every smaller one: `sequence > cursor` never skips.
+transaction as the change (`EventLog.append`). An auto-increment id is *not* a safe resume cursor on
+PostgreSQL: ids are taken at INSERT time but become visible at COMMIT time, so a reader that has seen
+id 11 may later find a committed id 10 and skip it. Instead `append` takes the row lock on the single
+`outbox_sequencer` row, numbers its events from the stored high-water mark and advances it. The lock
+is held until the transaction ends, and PostgreSQL makes a transaction visible before it releases its
+locks, so the next writer can only number its events after this one is visible: sequences become
+visible in order, and `sequence > cursor` never skips. (On SQLite, writers are serialised by
+`BEGIN IMMEDIATE` anyway.) The cost is that appending transactions of one service commit one at a
+time at their tail; append last, just before commit.
 
 Consumers read `sequence > after_sequence` in order (`EventLog.read_after`), or follow the stream
-live (`EventLog.follow`), which replays the backlog and then waits for newly sequenced events.
+live (`EventLog.follow`), which replays the backlog and then waits for newly committed events.
+Waking followers: `kick()` (called by a writer of this process after its commit) wakes them at
+once, without a database read: its events are visible by then, and the followers re-read. The
+notifier (`run_notifier`) also reads the committed high-water mark, on every kick and every 100 ms,
+which is what wakes followers for events committed by other processes of the same service.
 """
 
 from __future__ import annotations
@@ -45,11 +52,11 @@ from services.shared.time import utc_now
 
 log = logging.getLogger(__name__)
 
-SEQUENCER_BATCH = 5_000
 SEQUENCER_POLL_SECONDS = 0.1
 # Appends of at least this many events use binary COPY on PostgreSQL.
 COPY_THRESHOLD = 8
 _APPEND_COLUMNS = (
+    "sequence",
     "event_type",
     "occurred_at",
     "thread_id",
@@ -58,7 +65,7 @@ _APPEND_COLUMNS = (
     "payload_json",
     "trace_context_json",
 )
-_APPEND_PG_TYPES = ["text", "timestamptz", "text", "text", "text", "text", "text"]
+_APPEND_PG_TYPES = ["int8", "text", "timestamptz", "text", "text", "text", "text", "text"]
 
 
 def define_outbox_tables(metadata: MetaData) -> tuple[Table, Table, Table]:
@@ -129,10 +136,11 @@ class StoredEvent:
 
 
 class EventLog:
-    """A service's outbox: append inside transactions, sequence after commit, read and follow.
+    """A service's outbox: append (with sequences) inside transactions, read and follow.
 
-    One instance per process. `run_sequencer()` must run as a background task for events to become
-    visible; `kick()` after a commit makes it run at once instead of at its next poll.
+    One instance per process. `kick()` after a commit wakes local followers at once; `run_notifier()`
+    runs as a background task so that followers also wake for events other processes commit (within
+    its 100 ms poll) and `last_sequence` tracks the committed high-water mark.
     """
 
     def __init__(self, database: Database, metadata: MetaData) -> None:
@@ -140,39 +148,95 @@ class EventLog:
         self._events = metadata.tables["outbox_events"]
         self._sequencer = metadata.tables["outbox_sequencer"]
         self._wake_sequencer = asyncio.Event()
-        self._sequenced = asyncio.Condition()
+        self._changed = asyncio.Event()
         self.last_sequence = 0
 
     async def append(self, connection: AsyncConnection, events: Iterable[NewEvent]) -> int:
-        """Writes events in the caller's transaction; returns how many. Captures the trace context.
+        """Writes events in the caller's transaction with their stream sequences; returns how many.
 
-        On PostgreSQL a large append (COPY_THRESHOLD events or more) is one binary COPY: executemany
-        costs a pipelined statement per row, several times the client CPU and server time of COPY.
+        Takes the sequencer row lock until the caller's transaction ends (see the module docstring)
+        and captures the current trace context. On PostgreSQL a small append is one statement (the
+        sequencer UPDATE numbering an INSERT from arrays: one round trip instead of three) and a
+        large one (COPY_THRESHOLD events or more) an UPDATE ... RETURNING and one binary COPY:
+        executemany costs a pipelined statement per row, several times the client CPU and server
+        time of COPY. Raises RuntimeError when the sequencer row is missing (the service's
+        migrations were not applied).
         """
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         trace_json = json.dumps(carrier)
-        rows = [
-            (
-                e.type,
-                e.occurred_at,
-                e.thread_id,
-                e.project_id,
-                e.node_id,
-                json.dumps(e.payload, separators=(",", ":"), default=str),
-                trace_json,
-            )
-            for e in events
-        ]
-        if not rows:
+        pending = list(events)
+        if not pending:
             return 0
-        if len(rows) >= COPY_THRESHOLD and connection.dialect.name == "postgresql":
-            await self._copy(connection, rows)
+        payloads = [json.dumps(e.payload, separators=(",", ":"), default=str) for e in pending]
+        postgres = connection.dialect.name == "postgresql"
+        if postgres and len(pending) < COPY_THRESHOLD:
+            await self._append_unnest(connection, pending, payloads, trace_json)
+            return len(pending)
+        if postgres:
+            advanced = (
+                await connection.execute(
+                    self._sequencer.update()
+                    .where(self._sequencer.c.id == 1)
+                    .values(last_sequence=self._sequencer.c.last_sequence + len(pending))
+                    .returning(self._sequencer.c.last_sequence)
+                )
+            ).scalar_one_or_none()
+            last = None if advanced is None else int(advanced) - len(pending)
         else:
-            await connection.execute(
-                insert(self._events), [dict(zip(_APPEND_COLUMNS, row, strict=True)) for row in rows]
-            )
+            last = (
+                await connection.execute(
+                    select(self._sequencer.c.last_sequence).where(self._sequencer.c.id == 1).with_for_update()
+                )
+            ).scalar_one_or_none()
+        if last is None:
+            raise RuntimeError("outbox_sequencer has no row: apply the service's migrations")
+        rows = [
+            (int(last) + i, e.type, e.occurred_at, e.thread_id, e.project_id, e.node_id, body, trace_json)
+            for i, (e, body) in enumerate(zip(pending, payloads, strict=True), start=1)
+        ]
+        if postgres:
+            await self._copy(connection, rows)
+            return len(rows)
+        await connection.execute(
+            insert(self._events), [dict(zip(_APPEND_COLUMNS, row, strict=True)) for row in rows]
+        )
+        advance = self._sequencer.update().where(self._sequencer.c.id == 1)
+        await connection.execute(advance.values(last_sequence=int(last) + len(rows)))
         return len(rows)
+
+    async def _append_unnest(
+        self, connection: AsyncConnection, pending: list[NewEvent], payloads: list[str], trace_json: str
+    ) -> None:
+        """A small append on PostgreSQL in one round trip: the sequencer row's UPDATE (which takes its
+        lock until commit, like SELECT ... FOR UPDATE) numbers the rows that the same statement
+        inserts from arrays. Raises RuntimeError when the sequencer row is missing."""
+        events, sequencer = self._events.name, self._sequencer.name
+        statement = (
+            f"WITH advanced AS (UPDATE {sequencer} SET last_sequence = last_sequence + %(count)s "
+            "WHERE id = 1 RETURNING last_sequence - %(count)s AS base) "
+            f"INSERT INTO {events} ({', '.join(_APPEND_COLUMNS)}) "
+            "SELECT advanced.base + item.position, item.event_type, item.occurred_at, item.thread_id, "
+            "item.project_id, item.node_id, item.payload_json, %(trace)s FROM advanced, "
+            "unnest(%(types)s::text[], %(times)s::timestamptz[], %(threads)s::text[], "
+            "%(projects)s::text[], %(nodes)s::text[], %(payloads)s::text[]) WITH ORDINALITY "
+            "AS item(event_type, occurred_at, thread_id, project_id, node_id, payload_json, position)"
+        )
+        result = await connection.exec_driver_sql(
+            statement,
+            {
+                "count": len(pending),
+                "trace": trace_json,
+                "types": [e.type for e in pending],
+                "times": [e.occurred_at for e in pending],
+                "threads": [e.thread_id for e in pending],
+                "projects": [e.project_id for e in pending],
+                "nodes": [e.node_id for e in pending],
+                "payloads": payloads,
+            },
+        )
+        if result.rowcount != len(pending):
+            raise RuntimeError("outbox_sequencer has no row: apply the service's migrations")
 
     async def _copy(self, connection: AsyncConnection, rows: list[tuple[Any, ...]]) -> None:
         """Binary COPY of outbox rows in the connection's transaction (PostgreSQL, psycopg 3)."""
@@ -189,11 +253,18 @@ class EventLog:
                 await copy.write_row(row)
 
     def kick(self) -> None:
-        """Asks the sequencer to run now (call after committing a transaction that appended)."""
+        """Tells local followers to look for new events now (call after committing an append): they
+        wake and re-read at once; the notifier refreshes `last_sequence` in the background."""
         self._wake_sequencer.set()
+        self._signal()
+
+    def _signal(self) -> None:
+        """Wakes every waiter of `wait_beyond` (each waits on the event current when it started)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def ensure_sequencer_row(self) -> None:
-        """Creates the sequencer's single row if missing and loads the last sequence."""
+        """Creates the sequencer's single row if missing and loads the committed high-water mark."""
         async with self._database.transaction() as connection:
             current = (
                 await connection.execute(
@@ -205,49 +276,36 @@ class EventLog:
                 current = 0
         self.last_sequence = int(current)
 
-    async def sequence_pending(self) -> int:
-        """Numbers committed, unsequenced events in id order; returns how many got a sequence."""
-        async with self._database.transaction() as connection:
-            last = (
+    async def refresh(self) -> int:
+        """Reads the committed high-water mark and wakes local followers when it advanced; returns
+        how many events became visible since the last refresh."""
+        async with self._database.read() as connection:
+            committed = (
                 await connection.execute(
-                    select(self._sequencer.c.last_sequence).where(self._sequencer.c.id == 1).with_for_update()
+                    select(self._sequencer.c.last_sequence).where(self._sequencer.c.id == 1)
                 )
-            ).scalar_one()
-            result = await connection.execute(
-                text(
-                    "UPDATE outbox_events SET sequence = numbered.position "
-                    "FROM (SELECT id, :base + row_number() OVER (ORDER BY id) AS position "
-                    "      FROM outbox_events WHERE sequence IS NULL ORDER BY id LIMIT :limit) AS numbered "
-                    "WHERE outbox_events.id = numbered.id"
-                ),
-                {"base": last, "limit": SEQUENCER_BATCH},
-            )
-            count = int(result.rowcount or 0)
-            if count:
-                await connection.execute(
-                    self._sequencer.update()
-                    .where(self._sequencer.c.id == 1)
-                    .values(last_sequence=last + count)
-                )
-        if count:
-            async with self._sequenced:
-                self.last_sequence = int(last) + count
-                self._sequenced.notify_all()
-        return count
+            ).scalar_one_or_none()
+        committed = int(committed or 0)
+        if committed <= self.last_sequence:
+            return 0
+        advanced = committed - self.last_sequence
+        self.last_sequence = committed
+        self._signal()
+        return advanced
 
-    async def run_sequencer(self) -> None:
-        """Background loop: sequences pending events when kicked, or every 100 ms (for events
-        written by other processes of the same service). Runs until cancelled."""
+    async def run_notifier(self) -> None:
+        """Background loop: refreshes the high-water mark when kicked, or every 100 ms (for events
+        committed by other processes of the same service), so followers wake without polling the
+        event table. Runs until cancelled."""
         await self.ensure_sequencer_row()
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake_sequencer.wait(), SEQUENCER_POLL_SECONDS)
             self._wake_sequencer.clear()
             try:
-                while await self.sequence_pending() == SEQUENCER_BATCH:
-                    pass
+                await self.refresh()
             except Exception:
-                log.exception("outbox sequencer failed; retrying")
+                log.exception("outbox notifier failed; retrying")
                 await asyncio.sleep(1)
 
     async def read_after(
@@ -279,14 +337,15 @@ class EventLog:
         ]
 
     async def wait_beyond(self, sequence: int, timeout: float) -> bool:
-        """Waits until this process has sequenced past `sequence`, or `timeout` seconds pass.
-        Returns True when there may be new events (always re-read: other processes may write too)."""
-        async with self._sequenced:
-            if self.last_sequence > sequence:
-                return True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._sequenced.wait(), timeout)
-            return self.last_sequence > sequence
+        """Waits until the known high-water mark passes `sequence`, a local writer kicks, or
+        `timeout` seconds pass. Returns True when there may be new events (always re-read: other
+        processes may write too)."""
+        if self.last_sequence > sequence:
+            return True
+        changed = self._changed
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), timeout)
+        return changed.is_set() or self.last_sequence > sequence
 
     async def follow(
         self, after_sequence: int, types: Sequence[str] = (), poll_seconds: float = 0.5

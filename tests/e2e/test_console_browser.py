@@ -1,7 +1,9 @@
 """The web console in a real headless browser (Debian's chromium driven by Playwright): with
 context_budget, conversations and the gateway running as processes, a worker's report moves the
 thread's ring on the home list, in the project detail and on the thread page without a reload, and
-the three show the same percent and level (CB-16, CB-19).
+the three show the same percent and level (CB-16, CB-19); the thread page marks each wrap-up
+checklist item as done, missing or to do so a person sees what is missing; an owner with no
+conversation gets an empty state telling how to start a worker.
 
 Skipped, with the reason, only when /usr/bin/chromium is missing (`apt-get install -y chromium`).
 """
@@ -160,8 +162,94 @@ def test_ring_moves_live_and_agrees_everywhere(services: str) -> None:
 
             detail_ring.click()
             expect(page.locator("#budget-percent")).to_have_text("22% (critical)", timeout=10_000)
-            expect(page.locator(".checklist li")).to_have_count(7)
+            items = page.locator(".checklist li")
+            expect(items).to_have_count(7)
+            # Critical with no handoff package yet: every item is still to do, and says so.
+            expect(page.locator(".checklist li[data-status='pending']")).to_have_count(7)
+            expect(items.first.locator(".mark")).to_have_text("○ to do")
+            expect(items.first.locator(".label")).to_have_css("text-decoration-line", "none")
             report(services, worker_token, 18.0, "critical")
             expect(page.locator("#budget-percent")).to_have_text("18% (critical)", timeout=10_000)
+        finally:
+            browser.close()
+
+
+def wait_for_checklist(base_url: str, client_token: str, thread_id: str) -> None:
+    """Waits (up to 15 s) until the projection shows the thread's wrap-up checklist."""
+    deadline = time.monotonic() + 15
+    url = f"{base_url}/api/v1/threads/{thread_id}/context-summary"
+    while True:
+        response = httpx.get(url, headers={"Authorization": f"Bearer {client_token}"}, timeout=5)
+        if response.status_code == 200 and response.json()["wrap_up_checklist"]:
+            return
+        assert time.monotonic() < deadline, f"no checklist for {thread_id}: {response.text}"
+        time.sleep(0.1)
+
+
+def test_checklist_marks_done_and_missing_items_differently(services: str) -> None:
+    """A ready package's checklist (the scheduler is not running here, so the thread page's answer
+    is taken from the real gateway and its statuses set as a ready package with two missing items
+    would set them): done items are ticked and struck through, missing ones flagged in red."""
+    from playwright.sync_api import Route, expect, sync_playwright
+
+    authority = TokenAuthority(SECRET)
+    client_token = authority.issue_client("local")
+    report(services, authority.issue_worker("worker-e2e", "node-e2e"), 20.0, "critical")
+    wait_for_checklist(services, client_token, "thread-e2e")
+    statuses = ["done", "done", "done", "missing", "done", "done", "missing"]
+
+    def ready_package(route: Route) -> None:
+        response = route.fetch()
+        page_json = response.json()
+        assert len(page_json["wrap_up_checklist"]) == len(statuses)
+        for item, status in zip(page_json["wrap_up_checklist"], statuses, strict=True):
+            item["status"] = status
+            item["detail"] = "not in the handoff package" if status == "missing" else ""
+        route.fulfill(response=response, json=page_json)
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.route("**/api/v1/threads/thread-e2e/context-summary", ready_package)
+            page.goto(f"{services}/console/?token={client_token}#/threads/thread-e2e")
+            items = page.locator(".checklist li")
+            expect(items).to_have_count(7, timeout=15_000)
+            done = page.locator(".checklist li[data-status='done']")
+            missing = page.locator(".checklist li[data-status='missing']")
+            expect(done).to_have_count(5)
+            expect(missing).to_have_count(2)
+            expect(missing.first).to_have_attribute("data-key", "last_test_run")
+            expect(missing.first.locator(".mark")).to_have_text("✗ missing")
+            expect(missing.first.locator(".detail")).to_have_text("not in the handoff package")
+            expect(done.first.locator(".mark")).to_have_text("✓ done")
+            expect(done.first).to_have_attribute("data-done", "true")
+            expect(missing.first).to_have_attribute("data-done", "false")
+            # Live updates may re-render the list at any moment: assertions on computed styles must
+            # retry (a detached node has no computed style).
+            expect(done.first.locator(".label")).to_have_css("text-decoration-line", "line-through")
+            expect(missing.first.locator(".label")).to_have_css("text-decoration-line", "none")
+            expect(missing.first.locator(".label")).to_have_css("color", "rgb(176, 0, 32)")
+            done_background = done.first.evaluate("(node) => getComputedStyle(node).backgroundColor")
+            expect(missing.first).not_to_have_css("background-color", done_background)
+        finally:
+            browser.close()
+
+
+def test_owner_without_conversations_sees_how_to_start_a_worker(services: str) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    token = TokenAuthority(SECRET).issue_client("nobody-yet")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(f"{services}/console/?token={token}")
+            empty = page.locator("#empty-home")
+            expect(empty).to_be_visible(timeout=15_000)
+            expect(empty).to_contain_text("No conversations yet for owner nobody-yet — start a worker:")
+            expect(empty.locator("pre")).to_contain_text("python -m worker run --codex-home")
+            expect(empty.locator("pre")).to_contain_text("python -m services.bff_gateway token --worker")
+            expect(page.locator("#conversations")).to_have_count(0)
         finally:
             browser.close()

@@ -43,7 +43,7 @@ def test_local_stack_shows_budgets_from_demo_sessions(tmp_path: Path) -> None:
 
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Every thread has a budget" in result.stdout
-    assert "No Codex sessions found: writing demo sessions" in result.stdout
+    assert "Demo mode (no Codex sessions" in result.stdout
     table_rows = [line for line in result.stdout.splitlines() if "%" in line and line.startswith("  0")]
     assert table_rows, result.stdout[-3000:]
     assert (tmp_path / "var" / "client-token").read_text().strip()

@@ -90,7 +90,34 @@ async function renderHome(view) {
         row.manual_pinned ? el("span", { class: "pin" }, "pinned") : null,
         ring(indicator.percent, indicator.level, indicator.visible, row.context_budget_thread_id))));
   }
-  view.replaceChildren(el("h1", {}, "Conversations"), list);
+  view.replaceChildren(el("h1", {}, "Conversations"),
+    page.conversations.length ? list : emptyHome(tokenOwner(state.token)));
+}
+
+// The owner a client token acts for, read from the token's payload for display only (the server
+// verifies the token; nothing here is trusted).
+function tokenOwner(token) {
+  try {
+    const part = token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    const claims = JSON.parse(atob(part + "=".repeat((4 - (part.length % 4)) % 4)));
+    return claims.owner_id || claims.sub || "";
+  } catch (_) {
+    return "";
+  }
+}
+
+// What to do when the owner has no conversation yet: start a worker on a machine running Codex.
+function emptyHome(owner) {
+  return el("section", { class: "empty", id: "empty-home", "data-owner": owner },
+    el("p", {}, `No conversations yet for owner ${owner || "(unknown)"} — start a worker:`),
+    el("pre", {}, [
+      "# on the server: a token bound to this worker and node",
+      "python -m services.bff_gateway token --worker worker-1 --node node-1",
+      "# on the machine where Codex runs",
+      "export BOSS_WORKER_TOKEN=<that token>",
+      "python -m worker run --codex-home ~/.codex --worker-id worker-1 --node-id node-1",
+    ].join("\n")),
+    el("p", { class: "sub" }, "Its Codex threads appear here as soon as it reports them (see the README)."));
 }
 
 function threadRow(context) {
@@ -140,9 +167,19 @@ async function renderThread(view, threadId) {
         page.handoff_reason ? " — " + page.handoff_reason : "")),
     el("section", {}, el("h2", {}, "Wrap-up checklist"),
       page.wrap_up_checklist.length
-        ? el("ul", { class: "checklist" }, page.wrap_up_checklist.map(
-          (item) => el("li", { "data-done": item.done }, item.label)))
+        ? el("ul", { class: "checklist" }, page.wrap_up_checklist.map(checklistItem))
         : el("div", { class: "sub" }, "nothing to wrap up yet")));
+}
+
+// One wrap-up checklist line: `status` is done | missing | pending; the mark is text, so what is
+// missing is visible without relying on colour.
+const CHECKLIST_MARKS = { done: "✓ done", missing: "✗ missing", pending: "○ to do" };
+
+function checklistItem(item) {
+  return el("li", { "data-key": item.key, "data-status": item.status, "data-done": String(item.status === "done") },
+    el("span", { class: "mark" }, CHECKLIST_MARKS[item.status] || item.status),
+    el("span", { class: "label" }, item.label),
+    item.detail ? el("span", { class: "detail" }, item.detail) : null);
 }
 
 function parseRoute() {

@@ -35,7 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.bff_gateway.auth import CallerDep
 from services.bff_gateway.clients import ChannelSlot
+from services.bff_gateway.mapping import projection_checklist_item
 from services.bff_gateway.problems import ProblemError, error_responses, problem_for_rpc_error
+from services.bff_gateway.schemas import ChecklistItemView
 from services.bff_gateway.state import GatewayDep
 from services.shared import config
 from services.shared.auth import SCOPE_CONVERSATIONS_READ, SCOPE_CONVERSATIONS_WRITE, bearer_metadata
@@ -123,14 +125,6 @@ class ProjectDetailView(ConversationView):
     master_context_strategy_summary: str
 
 
-class ChecklistItemView(BaseModel):
-    """One line of the pre-compaction wrap-up checklist (CB-18)."""
-
-    key: str
-    label: str
-    done: bool
-
-
 class ThreadPageView(BaseModel):
     """The thread page (CB-14) from the conversations projection."""
 
@@ -141,7 +135,12 @@ class ThreadPageView(BaseModel):
     codex_folder: str
     codex_thread_ref: str
     context: ThreadContextSummaryView
-    wrap_up_checklist: list[ChecklistItemView]
+    wrap_up_checklist: list[ChecklistItemView] = Field(
+        description=(
+            "The wrap-up checklist in force (CB-18), `{key, label, status, detail}` as on "
+            "/context-budget; empty while nothing needs wrapping up."
+        )
+    )
     handoff_status: HandoffStatusName
     handoff_package_id: str
     handoff_reason: str
@@ -241,7 +240,8 @@ def thread_page_view(page: pb.ThreadContextBudget) -> ThreadPageView:
         codex_thread_ref=page.thread.codex_thread_ref,
         context=summary_view(page.context),
         wrap_up_checklist=[
-            ChecklistItemView(key=i.key, label=i.label, done=i.done) for i in page.wrap_up_checklist
+            ChecklistItemView(**projection_checklist_item(i.key, i.label, i.done, page.handoff_status))
+            for i in page.wrap_up_checklist
         ],
         handoff_status=page.handoff_status or "none",  # type: ignore[arg-type]
         handoff_package_id=page.handoff_package_id,

@@ -8,7 +8,11 @@
   unreachable gives no checklist (logged), never a failed budget read.
 
 The caller's token is forwarded; the scheduler enforces scopes (read: scheduler:read; consume:
-scheduler:admin, handoff:write or conversations:write).
+scheduler:admin, handoff:write or conversations:write). A client token reaches only packages of its
+own owner's threads (the package's from_thread_id, checked with the conversations service, see
+ownership.py); another owner's package is answered exactly as an unknown id (404).
+
+Checklist items have the gateway's one shape `{key, label, status, detail}` (schemas.ChecklistItemView).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from boss.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from fastapi import APIRouter, FastAPI, Path, Request
 from pydantic import BaseModel, Field
 
-from services.bff_gateway.auth import CallerDep
+from services.bff_gateway.auth import Caller, CallerDep
 from services.bff_gateway.clients import ChannelSlot, WrapUpView
-from services.bff_gateway.problems import error_responses, problem_for_rpc_error
+from services.bff_gateway.mapping import checklist_item
+from services.bff_gateway.ownership import require_own_thread
+from services.bff_gateway.problems import ProblemError, error_responses, problem_for_rpc_error
 from services.bff_gateway.schemas import ID_MAX_LENGTH
 from services.shared.auth import SCOPE_SCHEDULER_READ, bearer_metadata
 from services.shared.time import from_timestamp, isoformat_utc
@@ -46,15 +52,27 @@ def _time(message: Any, field: str) -> str | None:
 
 
 def checklist_json(package: pb.HandoffPackage) -> list[dict[str, Any]]:
-    """CB-18 checklist items: {item, status: pending|done|missing, detail}."""
+    """CB-18 checklist items: {key, label, status: pending|done|missing, detail}."""
     return [
-        {
-            "item": entry.item,
-            "status": _enum_name(pb.ChecklistItemStatus, entry.status, "CHECKLIST_ITEM_STATUS_"),
-            "detail": entry.detail,
-        }
+        checklist_item(
+            entry.item,
+            _enum_name(pb.ChecklistItemStatus, entry.status, "CHECKLIST_ITEM_STATUS_"),
+            entry.detail,
+        )
         for entry in package.checklist
     ]
+
+
+def package_not_found(handoff_package_id: str) -> ProblemError:
+    """404 for a package the caller may not see: worded as the scheduler words an unknown id, so
+    another owner's package cannot be told apart from one that does not exist."""
+    return ProblemError(
+        404,
+        "not-found",
+        f"handoff package {handoff_package_id} does not exist",
+        title="Not found",
+        reason="PACKAGE_NOT_FOUND",
+    )
 
 
 def package_json(package: pb.HandoffPackage) -> dict[str, Any]:
@@ -203,13 +221,23 @@ async def get_handoff_package(
     handoff_package_id: PackageId, caller: CallerDep, request: Request
 ) -> dict[str, Any]:
     """The package with every CB-6 field, its CB-18 checklist (done / missing) and its status.
-    Needs scheduler:read. 404 for an unknown id."""
+    Needs scheduler:read. 404 for an unknown id, and for a client token for another owner's package;
+    503 when the scheduler or (for client tokens) conversations cannot be reached."""
     caller.require(SCOPE_SCHEDULER_READ)
+    package = await _own_package(handoff_package_id, caller, request)
+    return package_json(package)
+
+
+async def _own_package(handoff_package_id: str, caller: Caller, request: Request) -> pb.HandoffPackage:
+    """The package, after checking that a client token's owner owns its from_thread_id."""
     try:
         package = await _client(request).get_package(handoff_package_id, caller.token)
     except grpc.aio.AioRpcError as error:
         raise problem_for_rpc_error("scheduler", error) from error
-    return package_json(package)
+    await require_own_thread(
+        request, caller, package.from_thread_id, not_found=package_not_found(handoff_package_id)
+    )
+    return package
 
 
 @router.post(
@@ -221,7 +249,10 @@ async def consume_handoff_package(
     handoff_package_id: PackageId, caller: CallerDep, request: Request, body: ConsumeRequest | None = None
 ) -> dict[str, Any]:
     """ready -> consumed. 409 when the package is not ready (consumed twice, draft, expired); 404
-    for an unknown id; 403 without scheduler:admin, handoff:write or conversations:write."""
+    for an unknown id (and, for a client token, another owner's package, left untouched); 403
+    without scheduler:admin, handoff:write or conversations:write."""
+    if caller.principal.kind == "client":
+        await _own_package(handoff_package_id, caller, request)
     try:
         package = await _client(request).consume_package(
             handoff_package_id, body.consumed_by_thread_id if body else "", caller.token

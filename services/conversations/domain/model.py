@@ -257,13 +257,17 @@ def strategy_summary(threads: Sequence[ThreadView], scheduler_summary: str = "")
 CHECKLIST_ITEMS: tuple[tuple[str, str], ...] = (
     ("files_touched", "Files touched by the current change"),
     ("patches", "Patches done and not done"),
-    ("last_command", "The last key command and its result"),
-    ("last_test_conclusion", "The last test conclusion"),
+    ("last_key_command", "The last key command and its result"),
+    ("last_test_run", "The last test conclusion"),
     ("open_questions", "Open questions"),
     ("next_actions", "Suggested next actions for the next thread"),
     ("evidence_links", "Links to required evidence"),
 )
-"""The CB-18 wrap-up checklist, in the order the spec lists it."""
+"""The CB-18 wrap-up checklist, in the order the spec lists it. The keys are the scheduler's checklist
+item names (`services/scheduler/domain/handoff.py` CHECKLIST_ITEMS, the worker's and the scheduler
+proto's), so its `missing_items` name these keys directly."""
+
+CHECKLIST_KEYS: tuple[str, ...] = tuple(key for key, _label in CHECKLIST_ITEMS)
 
 
 @dataclass(frozen=True)
@@ -281,8 +285,9 @@ def wrap_up_checklist(
     """The checklist the thread page shows (CB-14).
 
     In force when the thread is urgent or critical, must finish before compaction, or a handoff was
-    required; every item is done once the handoff package is ready. `done_keys` are items the
-    scheduler reported as filled. Empty while nothing needs wrapping up.
+    required; empty while nothing needs wrapping up. `done_keys` are the items the thread's handoff
+    package holds (see `apply_handoff_event`: every item of a ready package except those the
+    scheduler reported missing); nothing is done while the package is only required.
     """
     in_force = handoff_status in (HANDOFF_REQUIRED, HANDOFF_READY) or (
         budget is not None
@@ -291,8 +296,100 @@ def wrap_up_checklist(
     if not in_force:
         return []
     done = set(done_keys)
-    ready = handoff_status == HANDOFF_READY
-    return [ChecklistEntry(key, label, ready or key in done) for key, label in CHECKLIST_ITEMS]
+    return [ChecklistEntry(key, label, key in done) for key, label in CHECKLIST_ITEMS]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The scheduler's handoff events (services/scheduler/service.py), as this context applies them.
+
+SCHEDULER_HANDOFF_REQUIRED = "thread.handoff.required"
+SCHEDULER_HANDOFF_READY = "thread.handoff.ready"
+SCHEDULER_HANDOFF_CONSUMED = "thread.handoff.consumed"
+SCHEDULER_HANDOFF_EXPIRED = "thread.handoff.expired"
+SCHEDULER_HANDOFF_EVENTS = (
+    SCHEDULER_HANDOFF_REQUIRED,
+    SCHEDULER_HANDOFF_READY,
+    SCHEDULER_HANDOFF_CONSUMED,
+    SCHEDULER_HANDOFF_EXPIRED,
+)
+
+
+@dataclass(frozen=True)
+class HandoffState:
+    """A thread's handoff state as the thread page shows it.
+
+    Attributes:
+        status: "none" | "required" | "ready".
+        handoff_package_id: the scheduler's package the state is about ("" when none).
+        reason: why the handoff was required, in words (kept while the package is ready).
+        checklist_done: CB-18 checklist keys the package holds.
+    """
+
+    status: str = HANDOFF_NONE
+    handoff_package_id: str = ""
+    reason: str = ""
+    checklist_done: tuple[str, ...] = ()
+
+
+def handoff_reason_in_words(
+    reason: str,
+    *,
+    level: str = "",
+    remaining_pct: float | None = None,
+    compaction_expected_at: datetime | None = None,
+    compaction_count: int | None = None,
+) -> str:
+    """The scheduler's reason code of `thread.handoff.required` in words for the thread page.
+
+    Codes (services/scheduler/domain/guarantee.py `risk_reason`, and service.py for the alert):
+    "context_urgent" / "context_critical" (the budget level), "compaction_near" (Codex is expected to
+    compact within the scheduler's horizon), "handoff_missing" (a compaction happened with no ready
+    package). Any other text is returned unchanged; "" stays "".
+    """
+    if reason in ("context_urgent", "context_critical"):
+        shown = level or reason.removeprefix("context_")
+        left = f" ({remaining_pct:.1f} % left)" if remaining_pct is not None else ""
+        return f"context budget {shown}{left}: wrap up before Codex compacts"
+    if reason == "compaction_near":
+        if compaction_expected_at is None:
+            return "compaction expected soon"
+        return f"compaction expected at {compaction_expected_at.isoformat()}"
+    if reason == "handoff_missing":
+        which = f"compaction {compaction_count}" if compaction_count else "a compaction"
+        return f"{which} happened with no ready handoff package"
+    return reason
+
+
+def apply_handoff_event(
+    current: HandoffState,
+    event_type: str,
+    handoff_package_id: str,
+    reason: str = "",
+    missing_items: Iterable[str] = (),
+) -> HandoffState | None:
+    """The thread's handoff state after one of the scheduler's handoff events; None when the event
+    is about an older package than the one the thread shows (stale: change nothing).
+
+    - `thread.handoff.required`: always applies (a new requirement replaces whatever was shown);
+      status "required", nothing of the checklist done yet.
+    - `thread.handoff.ready`: status "ready" and every CB-18 item done except `missing_items` (the
+      scheduler's names of items the worker looked for and did not find); the reason is kept.
+    - `thread.handoff.consumed` / `thread.handoff.expired`: back to "none".
+
+    Ready, consumed and expired are stale when the thread shows another, non-empty package id.
+    Raises ValueError for an event type that is not one of SCHEDULER_HANDOFF_EVENTS.
+    """
+    if event_type == SCHEDULER_HANDOFF_REQUIRED:
+        return HandoffState(HANDOFF_REQUIRED, handoff_package_id, reason)
+    if event_type not in SCHEDULER_HANDOFF_EVENTS:
+        raise ValueError(f"not a handoff event: {event_type!r}")
+    if current.handoff_package_id and handoff_package_id != current.handoff_package_id:
+        return None
+    if event_type == SCHEDULER_HANDOFF_READY:
+        missing = set(missing_items)
+        done = tuple(key for key in CHECKLIST_KEYS if key not in missing)
+        return HandoffState(HANDOFF_READY, handoff_package_id, current.reason or reason, done)
+    return HandoffState()
 
 
 @dataclass(frozen=True)

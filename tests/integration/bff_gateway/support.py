@@ -1,5 +1,5 @@
 """Shared values and helpers of the gateway integration tests: the seed's example body, test
-settings and the Gateway handle (app, HTTP client, peer, token authority)."""
+settings and the Gateway handle (app, HTTP client, peers, token authority)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,18 @@ import grpc
 import httpx
 from fastapi import FastAPI
 
-from services.bff_gateway.clients import NoWrapUpSource, WrapUpSource
+from services.bff_gateway.clients import ChannelSlot, NoWrapUpSource, WrapUpSource
 from services.bff_gateway.server import create_app
 from services.bff_gateway.settings import GatewaySettings
 from services.shared.auth import TokenAuthority
 from tests.integration.bff_gateway.context_budget_double import SECRET, RunningDouble
+from tests.integration.bff_gateway.conversations_double import RunningConversations
 from tests.unit.bff_gateway.seed_example import SEED
 
 SEED_BODY = SEED
 SEED_PATH = "/api/v1/workers/worker-mac-01/thread-context"
+SEED_OWNER = "owner-1"
+"""The owner the conversations double gives the seed's thread (thread-abc)."""
 
 
 def settings_for(context_budget_address: str) -> GatewaySettings:
@@ -43,14 +46,21 @@ def build_app(
     *,
     channel: grpc.aio.Channel | None = None,
     wrap_up_source: WrapUpSource | None = None,
+    conversations_channel: grpc.aio.Channel | None = None,
 ) -> FastAPI:
     """A gateway app for context_budget at `context_budget_address`, kept apart from any scheduler
-    running on this machine: CB-14's checklist comes from `wrap_up_source` (default: none)."""
-    return create_app(
+    or conversations service running on this machine: CB-14's checklist comes from
+    `wrap_up_source` (default: none), the owner check of client tokens goes to
+    `conversations_channel` (default: an address where nothing listens, so client reads are 503)."""
+    app = create_app(
         settings_for(context_budget_address),
         context_budget_channel=channel,
         wrap_up_source=wrap_up_source or NoWrapUpSource(),
+        conversations_channel=conversations_channel,
     )
+    if conversations_channel is None:
+        app.state.conversations.slot = ChannelSlot(target=closed_port_address())
+    return app
 
 
 @dataclass
@@ -61,12 +71,13 @@ class Gateway:
     http: httpx.AsyncClient
     peer: RunningDouble
     authority: TokenAuthority
+    conversations: RunningConversations
 
     def worker_headers(self, worker_id: str = "worker-mac-01", node_id: str = "mac-01") -> dict[str, str]:
         """Authorization header of a worker token bound to worker_id on node_id."""
         return {"Authorization": f"Bearer {self.authority.issue_worker(worker_id, node_id)}"}
 
-    def client_headers(self, owner_id: str = "owner-1") -> dict[str, str]:
+    def client_headers(self, owner_id: str = SEED_OWNER) -> dict[str, str]:
         """Authorization header of a client (app) token."""
         return {"Authorization": f"Bearer {self.authority.issue_client(owner_id)}"}
 

@@ -1,5 +1,6 @@
 """GET /api/v1/threads/{thread_id}/context-budget through the real app and real gRPC, against the
-context_budget test double (context_budget_double.py) that stores what was reported."""
+context_budget test double (context_budget_double.py) that stores what was reported and the
+conversations double (conversations_double.py) that answers the owner check of client tokens."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ from datetime import UTC, datetime
 import httpx
 from boss.context_budget.v1 import context_budget_pb2 as pb
 
-from services.bff_gateway.clients import WrapUpView
+from services.bff_gateway.clients import ChannelSlot, WrapUpView
 from services.shared.time import to_timestamp
-from tests.integration.bff_gateway.support import SEED_BODY, SEED_PATH, Gateway, build_app
+from tests.integration.bff_gateway.support import (
+    SEED_BODY,
+    SEED_PATH,
+    Gateway,
+    build_app,
+    closed_port_address,
+)
 
 THREAD_PATH = "/api/v1/threads/thread-abc/context-budget"
 
@@ -113,7 +120,14 @@ async def test_wrap_up_source_fills_checklist_and_handoff_package(gateway: Gatew
     class FixedWrapUp:
         async def wrap_up_view(self, thread_id: str, token: str) -> WrapUpView | None:
             return WrapUpView(
-                checklist=[{"item": "commit the patch", "done": False}],
+                checklist=[
+                    {
+                        "key": "last_test_run",
+                        "label": "The last test conclusion",
+                        "status": "missing",
+                        "detail": "no test run found",
+                    }
+                ],
                 handoff_package={"handoff_package_id": "hp-1", "package_status": "draft"},
             )
 
@@ -122,13 +136,21 @@ async def test_wrap_up_source_fills_checklist_and_handoff_package(gateway: Gatew
         gateway.peer.address,
         channel=gateway.app.state.gateway.context_budget.slot.get(),
         wrap_up_source=FixedWrapUp(),
+        conversations_channel=gateway.app.state.conversations.slot.get(),
     )
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://gateway.test"
     ) as http:
         view = (await http.get(THREAD_PATH, headers=gateway.client_headers())).json()
 
-    assert view["wrap_up_checklist"] == [{"item": "commit the patch", "done": False}]
+    assert view["wrap_up_checklist"] == [
+        {
+            "key": "last_test_run",
+            "label": "The last test conclusion",
+            "status": "missing",
+            "detail": "no test run found",
+        }
+    ]
     assert view["handoff_package"] == {"handoff_package_id": "hp-1", "package_status": "draft"}
 
 
@@ -139,3 +161,73 @@ async def test_context_budget_down_is_503(gateway_without_backend: Gateway) -> N
 
     assert response.status_code == 503
     assert response.headers["retry-after"] == "7"
+
+
+# --- owner scoping of client tokens -----------------------------------------------------------------
+
+
+async def test_client_reads_its_own_owners_thread_and_the_owner_check_gets_its_token(
+    gateway: Gateway,
+) -> None:
+    await gateway.http.post(SEED_PATH, json=SEED_BODY, headers=gateway.worker_headers())
+    headers = gateway.client_headers("owner-1")
+
+    response = await gateway.http.get(THREAD_PATH, headers=headers)
+
+    assert response.status_code == 200, response.text
+    assert response.json()["context_budget_remaining_pct"] == 37.0
+    token = headers["Authorization"].removeprefix("Bearer ")
+    assert gateway.conversations.servicer.calls == [("thread-abc", token)]
+
+
+async def test_another_owners_thread_is_404_like_an_unknown_one_and_never_read(gateway: Gateway) -> None:
+    await gateway.http.post(SEED_PATH, json=SEED_BODY, headers=gateway.worker_headers())
+    reads_before = len(gateway.peer.servicer.tokens)
+    stranger = gateway.client_headers("owner-2")
+
+    foreign = await gateway.http.get(THREAD_PATH, headers=stranger)
+    unknown = await gateway.http.get("/api/v1/threads/thread-nobody/context-budget", headers=stranger)
+
+    assert (foreign.status_code, unknown.status_code) == (404, 404)
+    assert foreign.headers["content-type"] == "application/problem+json"
+    assert foreign.json()["detail"] == "thread 'thread-abc' not found"
+    assert {k: v for k, v in foreign.json().items() if k not in ("detail", "instance")} == {
+        k: v for k, v in unknown.json().items() if k not in ("detail", "instance")
+    }
+    assert "37" not in foreign.text
+    assert len(gateway.peer.servicer.tokens) == reads_before
+
+
+async def test_service_token_is_not_owner_checked(gateway: Gateway) -> None:
+    await gateway.http.post(SEED_PATH, json=SEED_BODY, headers=gateway.worker_headers())
+    service = {"Authorization": f"Bearer {gateway.authority.issue_service('scheduler')}"}
+
+    response = await gateway.http.get(THREAD_PATH, headers=service)
+
+    assert response.status_code == 200
+    assert gateway.conversations.servicer.calls == []
+
+
+async def test_conversations_down_is_503_not_a_bypass(gateway: Gateway) -> None:
+    await gateway.http.post(SEED_PATH, json=SEED_BODY, headers=gateway.worker_headers())
+    gateway.app.state.conversations.slot = ChannelSlot(target=closed_port_address())
+    try:
+        response = await gateway.http.get(THREAD_PATH, headers=gateway.client_headers())
+    finally:
+        await gateway.app.state.conversations.slot.close()
+
+    assert response.status_code == 503
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.headers["retry-after"] == "7"
+    assert "conversations" in response.json()["detail"]
+
+
+def test_openapi_documents_one_checklist_item_shape_for_both_thread_reads() -> None:
+    schemas = build_app(closed_port_address()).openapi()["components"]["schemas"]
+    item_ref = {"$ref": "#/components/schemas/ChecklistItemView"}
+
+    assert schemas["ThreadContextBudgetView"]["properties"]["wrap_up_checklist"]["items"] == item_ref
+    assert schemas["ThreadPageView"]["properties"]["wrap_up_checklist"]["items"] == item_ref
+    item = schemas["ChecklistItemView"]
+    assert item["required"] == ["key", "label", "status", "detail"]
+    assert item["properties"]["status"]["enum"] == ["done", "missing", "pending"]

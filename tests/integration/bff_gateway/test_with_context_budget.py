@@ -1,6 +1,7 @@
 """The gateway against the real context_budget service (services/context_budget, started in-process
 with build_service), on SQLite and on PostgreSQL: REST in, real gRPC, real validation and storage,
-REST out. No test double here."""
+REST out. The only double is the conversations peer answering the owner check of client tokens
+(thread-abc is owner-1's)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from services.shared.auth import TokenAuthority
 from services.shared.config import ServiceSettings
 from tests.conftest import DatabaseTarget
 from tests.integration.bff_gateway.context_budget_double import SECRET
+from tests.integration.bff_gateway.conversations_double import start_conversations
 from tests.integration.bff_gateway.support import SEED_BODY, SEED_PATH, build_app
 
 THREAD_PATH = "/api/v1/threads/thread-abc/context-budget"
@@ -37,8 +39,10 @@ async def http(database_target: DatabaseTarget) -> AsyncIterator[httpx.AsyncClie
         schema=database_target.schema or "context_budget",
     )
     await service.start()
+    conversations = await start_conversations(AUTHORITY, {"thread-abc": "owner-1", "thread-never": "owner-1"})
     channel = open_channel(service.address)
-    app = build_app(service.address, channel=channel)
+    conversations_channel = open_channel(conversations.address)
+    app = build_app(service.address, channel=channel, conversations_channel=conversations_channel)
     try:
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://gateway.test"
@@ -46,6 +50,8 @@ async def http(database_target: DatabaseTarget) -> AsyncIterator[httpx.AsyncClie
             yield client
     finally:
         await channel.close()
+        await conversations_channel.close()
+        await conversations.stop()
         await service.stop(grace=0)
 
 

@@ -14,6 +14,7 @@ from boss.conversations.v1 import conversations_pb2 as pb
 from tests.conftest import DatabaseTarget
 from tests.integration.bff_gateway_conversations.support import RunningGateway, SseReader, serve_gateway
 from tests.integration.conversations.stack import Stack, budget_payload, running_stack
+from tests.integration.conversations.test_conversations_service import package_payload, required_payload
 
 PROBLEM = "application/problem+json"
 
@@ -224,3 +225,59 @@ async def test_many_sse_clients_all_get_the_event(gateway: RunningGateway, stack
     await asyncio.wait_for(ready.wait(), 10)
     await stack.budget.publish("thread.context.updated", budget_payload("th-1", 44.0, "watch"))
     assert await asyncio.wait_for(asyncio.gather(*clients), 10) == [44] * 20
+
+
+async def test_thread_page_checklist_has_the_one_item_shape(gateway: RunningGateway, stack: Stack) -> None:
+    await register(stack, "th-1")
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 31.5, "urgent"))
+    await stack.scheduler.publish("thread.handoff.required", required_payload("th-1", "hp-1"))
+    await stack.settle()
+    url = "/api/v1/threads/th-1/context-summary"
+
+    required = (await gateway.http.get(url, headers=gateway.headers())).json()["wrap_up_checklist"]
+    assert required[2] == {
+        "key": "last_key_command",
+        "label": "The last key command and its result",
+        "status": "pending",
+        "detail": "not gathered yet",
+    }
+    assert {item["status"] for item in required} == {"pending"}
+
+    await stack.scheduler.publish(
+        "thread.handoff.ready",
+        package_payload("th-1", "hp-1", "ready", missing_items=["last_test_run", "evidence_links"]),
+    )
+    await stack.settle()
+    ready = (await gateway.http.get(url, headers=gateway.headers())).json()["wrap_up_checklist"]
+    assert [(item["key"], item["status"]) for item in ready] == [
+        ("files_touched", "done"),
+        ("patches", "done"),
+        ("last_key_command", "done"),
+        ("last_test_run", "missing"),
+        ("open_questions", "done"),
+        ("next_actions", "done"),
+        ("evidence_links", "missing"),
+    ]
+    assert ready[3] == {
+        "key": "last_test_run",
+        "label": "The last test conclusion",
+        "status": "missing",
+        "detail": "not in the handoff package",
+    }
+
+
+async def test_context_budget_read_is_scoped_by_the_real_owner_rule(
+    gateway: RunningGateway, stack: Stack
+) -> None:
+    await register(stack, "th-1")
+
+    foreign = await gateway.http.get("/api/v1/threads/th-1/context-budget", headers=gateway.headers("other"))
+    unknown = await gateway.http.get("/api/v1/threads/th-none/context-budget", headers=gateway.headers())
+    own = await gateway.http.get("/api/v1/threads/th-1/context-budget", headers=gateway.headers())
+
+    assert (foreign.status_code, unknown.status_code) == (404, 404)
+    assert foreign.headers["content-type"] == unknown.headers["content-type"] == PROBLEM
+    assert foreign.json()["detail"] == "thread 'th-1' not found"
+    # The owner check passed: the read went on to context_budget, which is not running here.
+    assert own.status_code == 503
+    assert own.json()["detail"].startswith("context_budget is unavailable")

@@ -42,7 +42,7 @@ async def test_a_bulk_append_stores_every_event_in_order(database_target: Databa
     try:
         async with database.transaction() as connection:
             assert await event_log.append(connection, events) == count
-        assert await event_log.sequence_pending() == count
+        assert await event_log.refresh() == count
         stored = await event_log.read_after(0, limit=count)
     finally:
         await database.dispose()
@@ -62,7 +62,7 @@ async def test_a_rolled_back_bulk_append_leaves_nothing(database_target: Databas
             async with database.transaction() as connection:
                 await event_log.append(connection, events)
                 raise RuntimeError("later failure in the same transaction")
-        assert await event_log.sequence_pending() == 0
+        assert await event_log.refresh() == 0
         assert await event_log.read_after(0) == []
     finally:
         await database.dispose()

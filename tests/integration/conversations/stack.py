@@ -119,11 +119,11 @@ class Stack:
     async def settle(self) -> None:
         """Waits until both consumers applied everything published so far and the outbox is sequenced."""
         for upstream, consumer in zip((self.budget, self.scheduler), self.app.consumers, strict=True):
-            await upstream.event_log.sequence_pending()
+            await upstream.event_log.refresh()
             head = upstream.event_log.last_sequence
             if head:
                 await consumer.wait_for(head, timeout=10)
-        await self.app.event_log.sequence_pending()
+        await self.app.event_log.refresh()
 
 
 @contextlib.asynccontextmanager
@@ -145,8 +145,8 @@ async def running_stack(target: DatabaseTarget, tmp_path: Path) -> AsyncIterator
     server, _health, port = await host.start()
     tasks = [asyncio.create_task(factory()) for factory in host.background]
     tasks += [
-        asyncio.create_task(budget.event_log.run_sequencer()),
-        asyncio.create_task(scheduler.event_log.run_sequencer()),
+        asyncio.create_task(budget.event_log.run_notifier()),
+        asyncio.create_task(scheduler.event_log.run_notifier()),
     ]
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:

@@ -213,34 +213,165 @@ async def test_order_is_pinned_then_latest_reply_and_pages_cover_everything(stac
     assert sorted(seen) == sorted(ids) and len(seen) == 5
 
 
-async def test_handoff_events_from_the_scheduler_are_relayed(stack: Stack) -> None:
-    await register(stack, "th-1")
-    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 22.0, "critical"))
-    await stack.scheduler.publish(
-        "thread.handoff.required",
-        {"thread_id": "th-1", "handoff_package_id": "hp-1", "reason": "critical budget"},
-    )
-    await stack.settle()
-    page = (
+def required_payload(thread_id: str, package_id: str, **fields: object) -> dict[str, object]:
+    """`thread.handoff.required` as the scheduler writes it for a prepare_handoff
+    (services/scheduler/service.py `_persist_decision`)."""
+    return {
+        "thread_id": thread_id,
+        "project_id": "",
+        "node_id": "node-a",
+        "reason": "context_urgent",
+        "command_id": "cmd-1",
+        "handoff_package_id": package_id,
+        "to_thread_id": "relay-1",
+        "context_budget_level": "urgent",
+        "context_budget_remaining_pct": 31.5,
+        "compaction_expected_at": None,
+        **fields,
+    }
+
+
+def package_payload(thread_id: str, package_id: str, status: str, **fields: object) -> dict[str, object]:
+    """`thread.handoff.ready` / `.consumed` / `.expired` as the scheduler writes them
+    (services/scheduler/service.py `package_payload`)."""
+    return {
+        "handoff_package_id": package_id,
+        "thread_id": thread_id,
+        "from_thread_id": thread_id,
+        "to_thread_id": "relay-1",
+        "project_id": "",
+        "node_id": "node-a",
+        "package_status": status,
+        "created_at": "2026-03-25T01:00:00Z",
+        "ready_at": "2026-03-25T01:05:00Z" if status != "draft" else None,
+        "consumed_at": None,
+        "missing_items": [],
+        **fields,
+    }
+
+
+async def thread_page(stack: Stack, thread_id: str) -> pb.ThreadContextBudget:
+    return (
         await stack.stub.GetThreadContextBudget(
-            pb.GetThreadContextBudgetRequest(thread_id="th-1"), metadata=stack.client()
+            pb.GetThreadContextBudgetRequest(thread_id=thread_id), metadata=stack.client()
         )
     ).thread_context_budget
+
+
+async def test_scheduler_handoff_events_set_state_checklist_and_are_relayed(stack: Stack) -> None:
+    project_id = (await register(stack, "th-1")).project_id
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 31.5, "urgent"))
+    await stack.scheduler.publish("thread.handoff.required", required_payload("th-1", "hp-1"))
+    await stack.settle()
+    page = await thread_page(stack, "th-1")
     assert (page.handoff_status, page.handoff_package_id, page.handoff_reason) == (
         "required",
         "hp-1",
-        "critical budget",
+        "context budget urgent (31.5 % left): wrap up before Codex compacts",
     )
-    await stack.scheduler.publish("thread.handoff.ready", {"thread_id": "th-1", "handoff_package_id": "hp-1"})
+    assert [item.key for item in page.wrap_up_checklist] == [
+        "files_touched",
+        "patches",
+        "last_key_command",
+        "last_test_run",
+        "open_questions",
+        "next_actions",
+        "evidence_links",
+    ]
+    assert not any(item.done for item in page.wrap_up_checklist)
+    detail = (
+        await stack.stub.GetProject(pb.GetProjectRequest(project_id=project_id), metadata=stack.client())
+    ).project
+    assert list(detail.threads_requiring_handoff) == ["th-1"]
+
+    await stack.scheduler.publish(
+        "thread.handoff.ready",
+        package_payload("th-1", "hp-1", "ready", missing_items=["last_test_run", "evidence_links"]),
+    )
     await stack.settle()
-    page = (
-        await stack.stub.GetThreadContextBudget(
-            pb.GetThreadContextBudgetRequest(thread_id="th-1"), metadata=stack.client()
+    page = await thread_page(stack, "th-1")
+    assert (page.handoff_status, page.handoff_package_id) == ("ready", "hp-1")
+    assert page.handoff_reason.startswith("context budget urgent")
+    assert [item.key for item in page.wrap_up_checklist if not item.done] == [
+        "last_test_run",
+        "evidence_links",
+    ]
+    detail = (
+        await stack.stub.GetProject(pb.GetProjectRequest(project_id=project_id), metadata=stack.client())
+    ).project
+    assert list(detail.threads_requiring_handoff) == []
+
+    relayed = [(t, p) for t, p in await events_of(stack) if t.startswith("thread.handoff.")]
+    assert [(t, p["handoff_status"], p["handoff_package_id"], p["project_ids"]) for t, p in relayed] == [
+        ("thread.handoff.required", "required", "hp-1", [project_id]),
+        ("thread.handoff.ready", "ready", "hp-1", [project_id]),
+    ]
+    assert relayed[0][1]["to_thread_id"] == "relay-1" and relayed[0][1]["owner_id"] == "local"
+
+    await stack.scheduler.publish("thread.handoff.expired", package_payload("th-0", "hp-0", "expired"))
+    await stack.scheduler.publish(
+        "thread.handoff.expired", package_payload("th-1", "hp-old", "expired", missing_items=[])
+    )
+    await stack.settle()
+    assert (await thread_page(stack, "th-1")).handoff_status == "ready"  # an older package expired
+    assert [row.project_id for row in (await home(stack)).conversations] == [project_id]  # th-0 not invented
+
+    await stack.scheduler.publish(
+        "thread.handoff.consumed",
+        {**package_payload("th-1", "hp-1", "consumed"), "consumed_by_thread_id": "relay-1"},
+    )
+    await stack.settle()
+    page = await thread_page(stack, "th-1")
+    assert (page.handoff_status, page.handoff_package_id, page.handoff_reason) == ("none", "", "")
+    assert all(not item.done for item in page.wrap_up_checklist)  # urgent: in force, nothing carried over
+
+
+async def test_scheduler_strategy_summary_reaches_the_project_detail_and_the_stream(stack: Stack) -> None:
+    project_id = (await register(stack, "th-1")).project_id
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 31.5, "urgent"))
+    await stack.settle()
+    summary = "1 thread: 1 urgent. th-1 finishes its current subtask; relay thread pre-created."
+    for target, text in ((project_id, summary), ("proj-unknown-here", "nobody's project")):
+        await stack.scheduler.publish(
+            "project.context_strategy.updated",
+            {
+                "project_id": target,
+                "master_context_strategy_summary": text,
+                "ranked_thread_ids": ["th-1"],
+                "next_compaction_risk_thread_id": "th-1",
+                "threads_requiring_handoff": ["th-1"],
+                "new_work_thread_id": None,
+            },
         )
-    ).thread_context_budget
-    assert page.handoff_status == "ready" and all(item.done for item in page.wrap_up_checklist)
-    types = [t for t, _ in await events_of(stack)]
-    assert "thread.handoff.required" in types and "thread.handoff.ready" in types
+    await stack.settle()
+    detail = (
+        await stack.stub.GetProject(pb.GetProjectRequest(project_id=project_id), metadata=stack.client())
+    ).project
+    assert detail.master_context_strategy_summary == summary
+    risk = [p for t, p in await events_of(stack) if t == "project.context_risk.updated"]
+    assert risk[-1]["master_context_strategy_summary"] == summary
+    assert risk[-1]["thread_context"]["thread_id"] == "th-1" and risk[-1]["project_id"] == project_id
+
+
+async def test_handoff_for_a_thread_not_seen_yet_is_kept_until_its_budget_arrives(stack: Stack) -> None:
+    await stack.scheduler.publish(
+        "thread.handoff.required",
+        required_payload(
+            "th-early",
+            "hp-7",
+            reason="context_critical",
+            context_budget_level="critical",
+            context_budget_remaining_pct=18.0,
+        ),
+    )
+    await stack.settle()
+    await stack.budget.publish("thread.context.updated", budget_payload("th-early", 18.0, "critical"))
+    await stack.settle()
+    page = await thread_page(stack, "th-early")
+    assert (page.handoff_status, page.handoff_package_id) == ("required", "hp-7")
+    assert page.handoff_reason == "context budget critical (18.0 % left): wrap up before Codex compacts"
+    assert (page.context.percent, page.context.level) == (18, "critical")
+    assert (page.thread.worker_id, page.thread.codex_folder) == ("worker-a", "/home/dev/north-line")
 
 
 async def test_another_owner_sees_nothing(stack: Stack) -> None:

@@ -162,7 +162,7 @@ class Running:
         """Publishes one budget event and waits until the scheduler applied it and sequenced its events."""
         sequence = await self.upstream.publish(payload)
         await self.app.consumer.wait_for(sequence)
-        await self.app.event_log.sequence_pending()
+        await self.app.event_log.refresh()
 
 
 async def start_upstream(upstream: BudgetStreamStandIn) -> tuple[grpc.aio.Server, int]:

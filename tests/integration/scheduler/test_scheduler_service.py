@@ -208,7 +208,7 @@ async def test_restart_mid_stream_loses_and_repeats_nothing(database_target: Dat
         await upstream.publish(budget_payload(3, "safe", 90, compactions=1))
         async with running_scheduler(database_target, upstream, port) as running:
             await running.app.consumer.wait_for(3)
-            await running.app.event_log.sequence_pending()
+            await running.app.event_log.refresh()
             assert upstream.opened_after == [0, 1]
             commands = await next_commands(running, 5)
             types = [c.command_type for c in commands]

@@ -36,8 +36,10 @@ async def test_sequences_are_gap_free_and_resumable(database_target: DatabaseTar
     try:
         await publish(database, event_log, "a", "b")
         await publish(database, event_log, "c")
-        assert await event_log.sequence_pending() == 3
-        assert await event_log.sequence_pending() == 0
+        assert await event_log.refresh() == 3
+        assert await event_log.refresh() == 0
+        await publish(database, event_log)
+        assert await event_log.refresh() == 0, "an empty append publishes nothing"
 
         everything = await event_log.read_after(0)
         assert [(e.sequence, e.payload["name"]) for e in everything] == [(1, "a"), (2, "b"), (3, "c")]
@@ -49,7 +51,7 @@ async def test_sequences_are_gap_free_and_resumable(database_target: DatabaseTar
 
 async def test_follow_replays_backlog_then_delivers_live_events(database_target: DatabaseTarget) -> None:
     database, event_log = await open_log(database_target)
-    sequencer = asyncio.create_task(event_log.run_sequencer())
+    sequencer = asyncio.create_task(event_log.run_notifier())
     try:
         await publish(database, event_log, "first", "second")
         event_log.kick()
@@ -72,38 +74,34 @@ async def test_follow_replays_backlog_then_delivers_live_events(database_target:
         await database.dispose()
 
 
-async def test_late_committing_transaction_is_not_skipped(database_target: DatabaseTarget) -> None:
-    """On PostgreSQL an open transaction holds a lower id while a later one commits first; the reader
-    must still see both, in sequence order, once both committed."""
+async def test_a_later_writer_waits_so_sequences_become_visible_in_order(
+    database_target: DatabaseTarget,
+) -> None:
+    """While one transaction holds appended events uncommitted, another service transaction that
+    appends must wait: otherwise it could commit a higher sequence first and a reader that resumed
+    after it would skip the lower one for ever."""
     database, event_log = await open_log(database_target)
-    if database.dialect == "sqlite":
-        # SQLite serialises writers (BEGIN IMMEDIATE), so there is no interleaving to test; the
-        # ordering still holds trivially.
-        await publish(database, event_log, "only")
-        assert await event_log.sequence_pending() == 1
-        await database.dispose()
-        return
     try:
-        slow_open = asyncio.Event()
+        slow_appended = asyncio.Event()
         release = asyncio.Event()
 
         async def slow_writer() -> None:
             async with database.transaction() as connection:
                 await event_log.append(connection, [NewEvent("test.happened", {"name": "slow"})])
-                slow_open.set()
+                slow_appended.set()
                 await release.wait()
 
         slow = asyncio.create_task(slow_writer())
-        await slow_open.wait()
-        await publish(database, event_log, "fast")
-        assert await event_log.sequence_pending() == 1
-        first = await event_log.read_after(0)
-        assert [e.payload["name"] for e in first] == ["fast"]
+        await slow_appended.wait()
+        fast = asyncio.create_task(publish(database, event_log, "fast"))
+        await asyncio.sleep(0.3)
+        assert not fast.done(), "a second writer appended while the first held uncommitted events"
+        assert await event_log.read_after(0) == []
 
         release.set()
-        await slow
-        assert await event_log.sequence_pending() == 1
-        rest = await event_log.read_after(first[-1].sequence)
-        assert [(e.sequence, e.payload["name"]) for e in rest] == [(2, "slow")]
+        await asyncio.wait_for(asyncio.gather(slow, fast), 10)
+        events = await event_log.read_after(0)
+        assert [(e.sequence, e.payload["name"]) for e in events] == [(1, "slow"), (2, "fast")]
+        assert await event_log.refresh() == 2
     finally:
         await database.dispose()

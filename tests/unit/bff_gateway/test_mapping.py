@@ -9,13 +9,16 @@ from boss.context_budget.v1 import context_budget_pb2 as pb
 
 from services.bff_gateway.mapping import (
     ack_from_proto,
+    checklist_item,
     json_field_of,
     level_from_proto,
     master_actions_from_proto,
+    projection_checklist_item,
     snapshot_to_proto,
     thread_context_view,
 )
 from services.bff_gateway.schemas import (
+    CHECKLIST_LABELS,
     AlertStatusName,
     AlertTypeName,
     ContextBudgetLevelName,
@@ -23,6 +26,8 @@ from services.bff_gateway.schemas import (
     SourceKindName,
     ThreadContextReport,
 )
+from services.conversations.domain.model import CHECKLIST_ITEMS as PROJECTION_CHECKLIST
+from services.scheduler.domain.handoff import CHECKLIST_ITEMS as SCHEDULER_CHECKLIST
 from services.shared.time import from_timestamp, to_timestamp
 from tests.unit.bff_gateway.seed_example import SEED
 
@@ -186,3 +191,48 @@ def test_field_violation_paths_become_json_field_names() -> None:
     assert json_field_of("snapshots[12].context_budget_remaining_pct") == "context_budget_remaining_pct"
     assert json_field_of("thread_id") == "thread_id"
     assert json_field_of("policy.safe_min_pct") == "policy.safe_min_pct"
+
+
+def test_checklist_labels_are_the_projections_for_the_schedulers_items() -> None:
+    assert tuple(CHECKLIST_LABELS) == SCHEDULER_CHECKLIST
+    assert tuple(CHECKLIST_LABELS.items()) == PROJECTION_CHECKLIST
+
+
+def test_scheduler_checklist_item_gets_key_label_status_and_detail() -> None:
+    assert checklist_item("last_test_run", "missing", "no test run in the session") == {
+        "key": "last_test_run",
+        "label": "The last test conclusion",
+        "status": "missing",
+        "detail": "no test run in the session",
+    }
+    assert checklist_item("new_item", None) == {
+        "key": "new_item",
+        "label": "new item",
+        "status": "pending",
+        "detail": "",
+    }
+
+
+def test_projection_item_is_missing_only_once_the_package_is_ready() -> None:
+    label = "Open questions"
+
+    assert projection_checklist_item("open_questions", label, True, "ready")["status"] == "done"
+    assert projection_checklist_item("open_questions", label, False, "ready") == {
+        "key": "open_questions",
+        "label": label,
+        "status": "missing",
+        "detail": "not in the handoff package",
+    }
+    assert projection_checklist_item("open_questions", label, False, "required")["status"] == "pending"
+    assert projection_checklist_item("open_questions", label, False, "none")["status"] == "pending"
+
+
+def test_thread_view_checklist_has_the_one_item_shape() -> None:
+    context = pb.ThreadContext(snapshot=pb.ThreadContextSnapshot(thread_id="t1"))
+    item = checklist_item("patches", "done", "2 patches")
+
+    view = thread_context_view(context, wrap_up_checklist=[item]).model_dump()
+
+    assert view["wrap_up_checklist"] == [
+        {"key": "patches", "label": "Patches done and not done", "status": "done", "detail": "2 patches"}
+    ]

@@ -102,3 +102,57 @@ async def test_a_cancelled_waiter_does_not_disturb_the_others() -> None:
     assert await kept == [4]
     assert recorder.batches == [[1, 2]]
     await batcher.close()
+
+
+class Gate:
+    """A process function whose batches stay open until released, recording starts and finishes."""
+
+    def __init__(self) -> None:
+        self.started: list[list[int]] = []
+        self.finished: list[list[int]] = []
+        self.release = asyncio.Event()
+
+    async def __call__(self, items: list[int]) -> list[int]:
+        self.started.append(list(items))
+        await self.release.wait()
+        self.finished.append(list(items))
+        return [item * 2 for item in items]
+
+
+async def test_pipelining_runs_a_second_batch_while_the_first_is_in_flight() -> None:
+    gate = Gate()
+    batcher: IngestBatcher[int, int] = IngestBatcher(
+        gate, max_in_flight=2, conflict_keys=lambda item: (item % 10,), max_wait_seconds=0
+    )
+    first = asyncio.ensure_future(batcher.submit([1]))
+    await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(batcher.submit([2, 3]))
+    third = asyncio.ensure_future(batcher.submit([4]))
+    await asyncio.sleep(0.01)
+    assert gate.started == [[1], [2, 3, 4]]
+    assert gate.finished == []
+    gate.release.set()
+    assert [await first, await second, await third] == [[2], [4, 6], [8]]
+    await batcher.close()
+
+
+async def test_pipelining_holds_a_conflicting_submission_and_everything_after_it() -> None:
+    gate = Gate()
+    batcher: IngestBatcher[int, int] = IngestBatcher(
+        gate, max_in_flight=2, conflict_keys=lambda item: (item % 10,), max_wait_seconds=0
+    )
+    first = asyncio.ensure_future(batcher.submit([1]))
+    await asyncio.sleep(0.01)
+    conflicting = asyncio.ensure_future(batcher.submit([11]))
+    later = asyncio.ensure_future(batcher.submit([2]))
+    await asyncio.sleep(0.01)
+    assert gate.started == [[1]]
+    gate.release.set()
+    assert [await first, await conflicting, await later] == [[2], [22], [4]]
+    assert gate.finished == [[1], [11, 2]]
+    await batcher.close()
+
+
+def test_pipelining_needs_conflict_keys() -> None:
+    with pytest.raises(ValueError, match="conflict_keys"):
+        IngestBatcher(Recorder(), max_in_flight=2)

@@ -1,5 +1,6 @@
 """Pure rules of the conversations context: the ring's percent and visibility (CB-16), risk order,
-next compaction risk and threads requiring handoff (CB-13), the checklist (CB-14/18), page tokens."""
+next compaction risk and threads requiring handoff (CB-13), the checklist (CB-14/18), the scheduler's
+handoff events and reasons, page tokens."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from services.conversations.domain.model import (
+    CHECKLIST_KEYS,
     GROUP,
     MASTER_AGENT,
     SINGLE_DEVICE,
+    HandoffState,
     ThreadBudget,
     ThreadView,
+    apply_handoff_event,
     default_title,
     display_percent,
+    handoff_reason_in_words,
     indicator_for,
     next_compaction_risk_thread,
     risk_order,
@@ -122,7 +127,64 @@ def test_checklist_in_force_only_when_needed() -> None:
     items = wrap_up_checklist(budget(30, "urgent"), "none", ["patches"])
     assert [i.key for i in items if i.done] == ["patches"] and len(items) == 7
     assert wrap_up_checklist(budget(70, "safe", must_finish=True), "none") != []
-    assert all(i.done for i in wrap_up_checklist(budget(70, "safe"), "ready"))
+    ready = wrap_up_checklist(budget(70, "safe"), "ready", ["files_touched", "last_test_run"])
+    assert [(i.key, i.done) for i in ready if i.done] == [("files_touched", True), ("last_test_run", True)]
+
+
+def test_checklist_keys_are_the_schedulers_item_names() -> None:
+    from services.scheduler.domain.handoff import CHECKLIST_ITEMS as SCHEDULER_ITEMS
+
+    assert CHECKLIST_KEYS == SCHEDULER_ITEMS
+
+
+def test_required_then_ready_with_missing_items_then_consumed() -> None:
+    required = apply_handoff_event(HandoffState(), "thread.handoff.required", "hp-1", "context budget urgent")
+    assert required == HandoffState("required", "hp-1", "context budget urgent", ())
+    ready = apply_handoff_event(
+        required, "thread.handoff.ready", "hp-1", missing_items=["last_test_run", "evidence_links"]
+    )
+    assert ready == HandoffState(
+        "ready",
+        "hp-1",
+        "context budget urgent",
+        ("files_touched", "patches", "last_key_command", "open_questions", "next_actions"),
+    )
+    assert apply_handoff_event(ready, "thread.handoff.consumed", "hp-1") == HandoffState()
+    assert apply_handoff_event(ready, "thread.handoff.expired", "hp-1") == HandoffState()
+
+
+def test_events_about_an_older_package_change_nothing_but_a_new_requirement_does() -> None:
+    shown = HandoffState("required", "hp-2", "compaction 1 happened with no ready handoff package")
+    for event_type in ("thread.handoff.ready", "thread.handoff.consumed", "thread.handoff.expired"):
+        assert apply_handoff_event(shown, event_type, "hp-1") is None
+    assert apply_handoff_event(shown, "thread.handoff.required", "hp-3", "again") == HandoffState(
+        "required", "hp-3", "again"
+    )
+    ready_without_requirement = apply_handoff_event(HandoffState(), "thread.handoff.ready", "hp-9")
+    assert ready_without_requirement is not None
+    assert ready_without_requirement.checklist_done == CHECKLIST_KEYS
+    with pytest.raises(ValueError, match=r"thread\.schedule\.updated"):
+        apply_handoff_event(shown, "thread.schedule.updated", "hp-2")
+
+
+def test_handoff_reasons_in_words() -> None:
+    assert (
+        handoff_reason_in_words("context_urgent", level="urgent", remaining_pct=31.46)
+        == "context budget urgent (31.5 % left): wrap up before Codex compacts"
+    )
+    critical = handoff_reason_in_words("context_critical")
+    assert critical == "context budget critical: wrap up before Codex compacts"
+    assert (
+        handoff_reason_in_words("compaction_near", compaction_expected_at=T0)
+        == "compaction expected at 2026-03-25T01:00:00+00:00"
+    )
+    assert handoff_reason_in_words("compaction_near") == "compaction expected soon"
+    assert (
+        handoff_reason_in_words("handoff_missing", compaction_count=2)
+        == "compaction 2 happened with no ready handoff package"
+    )
+    assert handoff_reason_in_words("operator asked") == "operator asked"
+    assert handoff_reason_in_words("") == ""
 
 
 def test_ids_and_titles() -> None:

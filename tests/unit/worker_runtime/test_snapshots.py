@@ -27,6 +27,7 @@ from worker.snapshots import (
     same_reported_state,
     snapshot_id_for,
     uncommitted_changes_reason,
+    without_stale_prediction,
 )
 
 CAPTURED = datetime(2026, 3, 2, 9, 30, 15, 250_000, tzinfo=UTC)
@@ -320,3 +321,12 @@ def test_snapshot_records_the_must_finish_verdict() -> None:
 
     assert snapshot.must_finish_before_compaction is True
     assert snapshot.must_finish_reason == "uncommitted changes in 1 file: src/invoices.py"
+
+
+def test_a_prediction_already_in_the_past_is_dropped_not_reported() -> None:
+    """An idle thread's extrapolated compaction time lies in the past: it is absent, not invented."""
+    stale = reading()
+    expected = stale.compaction_expected_at
+    assert expected is not None
+    assert without_stale_prediction(stale, expected - timedelta(seconds=1)) is stale
+    assert without_stale_prediction(stale, expected + timedelta(seconds=1)).compaction_expected_at is None

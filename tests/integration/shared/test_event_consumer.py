@@ -1,0 +1,107 @@
+"""The shared EventConsumer on SQLite and PostgreSQL: a busy stream is applied in few, full
+transactions with the durable cursor, an idle stream's single event is applied alone and at once, and
+a restart resumes after the stored cursor."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from boss.common.v1 import events_pb2
+from sqlalchemy import MetaData
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.shared.db import Database
+from services.shared.event_stream import EventConsumer
+from services.shared.outbox import NewEvent, StoredEvent, define_outbox_tables
+from tests.conftest import DatabaseTarget
+
+
+class Upstream:
+    """A stream stand-in: yields published envelopes after the requested sequence, then waits."""
+
+    def __init__(self) -> None:
+        self.envelopes: list[events_pb2.EventEnvelope] = []
+        self.grown = asyncio.Event()
+
+    def publish(self, count: int) -> None:
+        for _ in range(count):
+            sequence = len(self.envelopes) + 1
+            self.envelopes.append(
+                events_pb2.EventEnvelope(
+                    sequence=sequence, type="test.happened", payload_json=f'{{"n":{sequence}}}'
+                )
+            )
+        self.grown.set()
+
+    async def open(self, after_sequence: int) -> AsyncIterator[events_pb2.EventEnvelope]:
+        cursor = after_sequence
+        while True:
+            while cursor < len(self.envelopes):
+                yield self.envelopes[cursor]
+                cursor += 1
+                if cursor % 10 == 0:
+                    await asyncio.sleep(0)
+            self.grown.clear()
+            await self.grown.wait()
+
+
+async def make_consumer(
+    target: DatabaseTarget, upstream: Upstream, batches: list[list[int]]
+) -> tuple[Database, EventConsumer]:
+    metadata = MetaData()
+    _events, _sequencer, cursors = define_outbox_tables(metadata)
+    database = Database.connect(target.url, target.schema or "unused")
+    async with database.transaction() as connection:
+        await connection.run_sync(metadata.create_all)
+
+    async def handle(_connection: AsyncConnection, events: list[StoredEvent]) -> list[NewEvent]:
+        batches.append([event.payload["n"] for event in events])
+        return []
+
+    consumer = EventConsumer(
+        stream_name="upstream",
+        database=database,
+        cursors=cursors,
+        open_stream=upstream.open,
+        handle=handle,
+        batch_size=200,
+    )
+    return database, consumer
+
+
+async def test_busy_stream_fills_batches_and_idle_event_goes_alone(database_target: DatabaseTarget) -> None:
+    upstream = Upstream()
+    batches: list[list[int]] = []
+    database, consumer = await make_consumer(database_target, upstream, batches)
+    task = asyncio.create_task(consumer.run())
+    try:
+        upstream.publish(1_000)
+        await consumer.wait_for(1_000)
+        applied = [n for batch in batches for n in batch]
+        assert applied == list(range(1, 1_001)), "every event once, in order"
+        assert max(len(batch) for batch in batches) == 200
+        assert len(batches) <= 12, f"{len(batches)} transactions for 1,000 queued events"
+
+        await asyncio.sleep(0.05)
+        before = len(batches)
+        upstream.publish(1)
+        await consumer.wait_for(1_001)
+        assert batches[before:] == [[1_001]]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    resumed_batches: list[list[int]] = []
+    _database, resumed = await make_consumer(database_target, upstream, resumed_batches)
+    task = asyncio.create_task(resumed.run())
+    try:
+        assert await resumed.load_cursor() == 1_001
+        upstream.publish(2)
+        await resumed.wait_for(1_003)
+        assert [n for batch in resumed_batches for n in batch] == [1_002, 1_003]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await _database.dispose()
+        await database.dispose()
