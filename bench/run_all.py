@@ -4,7 +4,8 @@ Modules, in order: bench.ingest_bench, bench.scheduler_bench, bench.conversation
 that does not exist (yet) is skipped and said so; one without a `main()` is reported as broken.
 Each `main()` takes no arguments and returns an exit code (None counts as 0). Each module writes
 its own JSON under bench/output/; this prints where the results went and exits with the worst code
-(0 when every module present succeeded).
+(0 when every module present succeeded). The analysis of all three lives in one file,
+bench/RESULTS.md (sections Ingest, Scheduler, Conversations).
 
 Run: `make bench` or `PYTHONPATH=.:gen .venv/bin/python -m bench.run_all`.
 """

@@ -16,6 +16,9 @@ Phases:
 3. `consume_paced`: events published at a fixed rate (default 2,000/s) for 5 s; lag per event from
    publish to "applied and committed" (the consumer's cursor passing it). Reported: p50 / p99 / max.
 
+Before the consumption phases it waits (up to 30 s) for an idle machine and records the busy cores
+it saw (`background_busy_cores_before_run`).
+
 Threads rotate over 2,000 ids and levels move so that the level actions, packages and commands are
 exercised (about one command per 10 events). Results go to bench/output/scheduler.json.
 

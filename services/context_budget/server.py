@@ -179,6 +179,7 @@ def build_service(
         service_names=[GRPC_SERVICE_NAME],
         background=[event_log.run_notifier],
         on_stop=[batcher.close, database.dispose],
+        readiness_check=database.ping,
     )
     return ContextBudgetService(
         settings=settings,

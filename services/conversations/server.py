@@ -111,6 +111,7 @@ class ConversationsApp:
             service_names=[SERVICE_NAME],
             background=background,
             on_stop=[self.database.dispose],
+            readiness_check=self.database.ping,
         )
 
 

@@ -128,6 +128,7 @@ def build(
         service_names=[SERVICE_NAME],
         background=[event_log.run_notifier, consumer.run, expiry_sweeper(handlers)],
         on_stop=[database.dispose],
+        readiness_check=database.ping,
     )
     return SchedulerApp(database, event_log, handlers, consumer, host)
 

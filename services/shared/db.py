@@ -112,6 +112,12 @@ class Database:
         async with self.reader.begin() as connection:
             yield connection
 
+    async def ping(self) -> None:
+        """Runs `SELECT 1` (on the reader engine: it never takes SQLite's write lock); raises the
+        driver's error when the database is unreachable (used by readiness checks)."""
+        async with self.reader.connect() as connection:
+            await connection.execute(text("SELECT 1"))
+
     async def ensure_schema(self) -> None:
         """Creates the PostgreSQL schema if missing (no-op on SQLite)."""
         if self.schema is None:

@@ -59,6 +59,47 @@ def translate_errors(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+READINESS_INTERVAL_SECONDS = 5.0
+
+
+async def watch_readiness(
+    health: health_aio.HealthServicer,
+    check: Callable[[], Awaitable[None]],
+    service_names: Iterable[str],
+    interval: float = READINESS_INTERVAL_SECONDS,
+) -> None:
+    """Keeps the business services' health in step with `check` until cancelled.
+
+    While `check` raises, every name in `service_names` reports NOT_SERVING, so readiness probes and
+    load balancers stop sending work; the whole server ("") stays SERVING, so liveness probes do not
+    restart a process that is only waiting for its database. Transitions are logged once.
+    """
+    names = list(service_names)
+    ready = True
+    while True:
+        try:
+            await asyncio.wait_for(check(), timeout=interval)
+            healthy = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            healthy = False
+            if ready:
+                log.warning("not ready: %s", error)
+        if healthy != ready:
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if healthy
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+            for name in names:
+                await health.set(name, status)
+            if healthy:
+                log.info("ready again")
+            ready = healthy
+        await asyncio.sleep(interval)
+
+
 @dataclass
 class ServiceHost:
     """Everything one service process runs: its servicers, its background tasks and its cleanup.
@@ -68,8 +109,10 @@ class ServiceHost:
         listen: host:port to bind.
         register: adds the service's servicers to the server.
         service_names: fully qualified gRPC service names (for health and reflection).
-        background: coroutine factories started after the server (sequencer, consumers...).
+        background: coroutine factories started after the server (notifier, consumers...).
         on_stop: awaited after the server stopped (close databases, flush).
+        readiness_check: raises when the service cannot do its work (e.g. its database is
+            unreachable); polled every READINESS_INTERVAL_SECONDS by `run()`, see `watch_readiness`.
     """
 
     name: str
@@ -78,6 +121,7 @@ class ServiceHost:
     service_names: Iterable[str]
     background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    readiness_check: Callable[[], Awaitable[None]] | None = None
 
     async def start(self) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
         """Builds and starts the server; returns it, its health servicer and the bound port."""
@@ -108,6 +152,10 @@ class ServiceHost:
                 loop.add_signal_handler(signal_number, stop.set)
         server, health, _port = await self.start()
         tasks = [asyncio.ensure_future(factory()) for factory in self.background]
+        if self.readiness_check is not None:
+            tasks.append(
+                asyncio.ensure_future(watch_readiness(health, self.readiness_check, self.service_names))
+            )
         try:
             waiters = [asyncio.create_task(stop.wait()), *tasks]
             done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
