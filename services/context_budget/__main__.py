@@ -6,7 +6,7 @@
 Settings come from the environment (services/shared/config.py): BOSS_CONTEXT_BUDGET_DATABASE_URL or
 BOSS_DATABASE_URL (default: SQLite under BOSS_DATA_DIR), BOSS_CONTEXT_BUDGET_LISTEN, BOSS_AUTH_SECRET.
 BOSS_CONTEXT_BUDGET_INGEST_IN_FLIGHT (optional, an integer >= 1) overrides how many ingest
-transactions run at once (server.build_service: 2 on PostgreSQL, 1 on SQLite).
+transactions run at once (server.build_service, default 1; more only on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ async def _serve() -> None:
     in_flight = os.environ.get("BOSS_CONTEXT_BUDGET_INGEST_IN_FLIGHT")
     service = build_service(
         ServiceSettings.from_environment(SERVICE_NAME),
-        batch_max_in_flight=int(in_flight) if in_flight else None,
+        batch_max_in_flight=int(in_flight) if in_flight else 1,
     )
     instrument_engine(service.database.writer)
     await service.run()

@@ -1,8 +1,8 @@
 """Group commit for ingest: snapshots arriving together share one transaction.
 
 Every unary call and every stream message hands its validated snapshots to the one `IngestBatcher`
-of the process and waits. The batcher runs up to `max_in_flight` transactions at once (default 1;
-the service uses 2 on PostgreSQL):
+of the process and waits. The batcher runs up to `max_in_flight` transactions at once (default 1,
+which the service uses):
 
 - Before each transaction it collects: it waits while submissions keep arriving, closing the window
   after `max_wait_seconds` (default 2 ms) without a new one, or once `max_items` snapshots (default

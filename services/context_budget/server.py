@@ -130,7 +130,7 @@ def build_service(
     batch_max_items: int = 2_000,
     batch_max_wait_seconds: float = 0.001,
     batch_max_delay_seconds: float = 0.005,
-    batch_max_in_flight: int | None = None,
+    batch_max_in_flight: int = 1,
 ) -> ContextBudgetService:
     """Wires the service from `settings` (nothing runs until `start()` or `run()`).
 
@@ -141,13 +141,12 @@ def build_service(
         compaction_risk_horizon: compaction_expected_at this close to captured_at opens compaction_risk.
         batch_max_items / batch_max_wait_seconds / batch_max_delay_seconds: group-commit limits
             (batcher.py).
-        batch_max_in_flight: ingest transactions at once (batcher.py "Pipelining"); default 2 on
-            PostgreSQL (batches in flight together never share a thread or snapshot id), 1 on SQLite
-            (its writers are serialised anyway).
+        batch_max_in_flight: ingest transactions at once (batcher.py "Pipelining"; batches in
+            flight together never share a thread or snapshot id). Default 1: on the 2-core target
+            ingest is CPU-bound in the event loop and 2 gave no measurable gain (bench/RESULTS.md).
+            Use more than 1 only on PostgreSQL (SQLite serialises writers anyway).
     """
     database = Database.connect(settings.database_url, schema)
-    if batch_max_in_flight is None:
-        batch_max_in_flight = 2 if database.dialect == "postgresql" else 1
     event_log = EventLog(database, metadata)
     handlers = ContextBudgetHandlers(
         database,

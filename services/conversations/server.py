@@ -32,6 +32,7 @@ from services.shared.event_stream import EventConsumer
 from services.shared.grpc_server import ServiceHost
 from services.shared.migrations import upgrade_database
 from services.shared.outbox import EventLog
+from services.shared.telemetry import configure_telemetry, instrument_engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SCHEMA = "conversations"
@@ -155,10 +156,12 @@ def build_app(
 
 async def serve() -> None:
     """Runs the service with settings from the environment until SIGTERM."""
+    configure_telemetry("conversations")
     settings = config.ServiceSettings.from_environment("conversations")
     if settings.migrate_on_start:
         await migrate(settings.database_url)
     database = Database.connect(settings.database_url, SCHEMA)
+    instrument_engine(database.writer)
     authority = TokenAuthority(settings.auth_secret)
     token = authority.issue_service("conversations")
     scheduler_stream = None

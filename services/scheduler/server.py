@@ -31,6 +31,7 @@ from services.shared.event_stream import EventConsumer, StreamOpener
 from services.shared.grpc_server import ServiceHost
 from services.shared.migrations import upgrade_database
 from services.shared.outbox import EventLog
+from services.shared.telemetry import configure_telemetry, instrument_engine
 
 SERVICE = "scheduler"
 SERVICE_NAME = "boss.scheduler.v1.SchedulerService"
@@ -135,6 +136,7 @@ def build(
 
 async def serve() -> None:
     """Runs the scheduler from the environment until SIGTERM/SIGINT."""
+    configure_telemetry(SERVICE)
     service = config.ServiceSettings.from_environment(SERVICE)
     if service.migrate_on_start:
         await migrate(service.database_url)
@@ -144,5 +146,6 @@ async def serve() -> None:
         auth_secret=service.auth_secret,
         context_budget_address=config.service_address("context_budget"),
     )
+    instrument_engine(app.database.writer)
     await app.event_log.ensure_sequencer_row()
     await app.host.run()

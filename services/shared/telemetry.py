@@ -1,5 +1,6 @@
-"""OpenTelemetry set-up: traces through gRPC and SQL, exported over OTLP when
-OTEL_EXPORTER_OTLP_ENDPOINT is set (otherwise spans are created but not exported)."""
+"""OpenTelemetry set-up: traces through gRPC and SQL, and metrics (ingest rate and batch sizes,
+SSE clients), exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set (otherwise they are
+recorded but not exported). Trace context also travels inside event envelopes (outbox.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def configure_telemetry(service_name: str) -> None:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         log.info("exporting traces to %s", os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"])
     trace.set_tracer_provider(provider)
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter())
+        metrics.set_meter_provider(MeterProvider(resource=provider.resource, metric_readers=[reader]))
     from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, GrpcAioInstrumentorServer
 
     GrpcAioInstrumentorServer().instrument()
