@@ -42,9 +42,14 @@ def run_alembic_environment(metadata: MetaData) -> None:
     config = context.config
     url: str = config.attributes.get("url") or config.get_main_option("sqlalchemy.url") or ""
     schema: str = config.attributes.get("schema") or ""
-    engine = create_engine(url)
-    sqlite = engine.dialect.name == "sqlite"
+    sqlite = url.startswith("sqlite")
+    engine = create_engine(url, connect_args={"timeout": 30} if sqlite else {})
     with engine.connect() as connection:
+        if sqlite:
+            # The file is WAL from its first write, as the services open it (db.py); the busy timeout
+            # lets a migration wait for a writer instead of failing with "database is locked".
+            connection.exec_driver_sql("PRAGMA journal_mode=WAL")
+            connection.commit()
         if not sqlite and schema:
             connection.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
             connection.execute(text(f'SET search_path TO "{schema}"'))
