@@ -69,8 +69,12 @@ def create_engine(url: str, schema: str | None, *, writer: bool = True, pool_siz
     connect_args: dict[str, Any] = {}
     if schema:
         connect_args["options"] = f"-c search_path={schema}"
+    # No pool_pre_ping: it costs a round trip per transaction on the ingest path. After a database
+    # restart the first transaction on a dead connection fails (callers answer UNAVAILABLE and
+    # clients retry) and SQLAlchemy then discards the whole pool; pool_recycle replaces connections
+    # that idled long enough for a firewall to drop them.
     return create_async_engine(
-        url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, connect_args=connect_args
+        url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800, connect_args=connect_args
     )
 
 
