@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import OperationalError
 
 POSTGRES_URL = os.environ.get("BOSS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
@@ -58,9 +59,31 @@ def database_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     try:
         yield DatabaseTarget("postgresql", POSTGRES_URL, schema)
     finally:
-        with engine.begin() as connection:
-            connection.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        drop_schema(engine, schema)
         engine.dispose()
+
+
+def drop_schema(engine: Engine, schema: str) -> None:
+    """Drops a test schema without ever hanging: a connection a test left idle inside a transaction
+    would hold locks that make DROP wait for ever, so DROP gives up after 10 s, such connections of
+    this database are ended, and DROP runs again."""
+    statement = text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("SET LOCAL lock_timeout = '10s'"))
+            connection.execute(statement)
+        return
+    except OperationalError:
+        pass
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'"
+            )
+        )
+    with engine.begin() as connection:
+        connection.execute(statement)
 
 
 @pytest.fixture
