@@ -656,11 +656,12 @@ class ConversationsHandlers:
         return thread
 
     async def _detail(self, repository: SqlAlchemyConversationsRepository, project: Row) -> ProjectDetailView:
-        members = [
-            view_of(row)
-            for row in await repository.member_threads(project["project_id"])
-            if row["archived_at"] is None
-        ]
+        return self._detail_of(project, await repository.member_threads(project["project_id"]))
+
+    @staticmethod
+    def _detail_of(project: Row, member_rows: list[Row]) -> ProjectDetailView:
+        """The project's detail from its member thread rows (archived ones are left out)."""
+        members = [view_of(row) for row in member_rows if row["archived_at"] is None]
         return ProjectDetailView(
             project=project,
             threads=risk_order(members),
@@ -682,6 +683,9 @@ class ConversationsHandlers:
         a scheduler event (no worker named) gets its worker and folder here. Older readings than
         the stored one change nothing. Malformed payloads are logged and skipped (never block the
         stream). Other event types only advance the cursor.
+
+        A batch costs a fixed number of statements whatever its size (threads read, budgets
+        written, then `_publish_thread_changes`); only importing unknown threads is per thread.
         """
         latest: dict[str, tuple[StoredEvent, ThreadBudget]] = {}
         for event in batch:
@@ -700,30 +704,35 @@ class ConversationsHandlers:
             return []
         repository = SqlAlchemyConversationsRepository(connection)
         known = await repository.threads_by_id(latest)
-        published: list[NewEvent] = []
+        unknown = [thread_id for thread_id in latest if thread_id not in known]
+        for thread_id in unknown:
+            payload = latest[thread_id][0].payload
+            registration = Registration(
+                thread_id=thread_id,
+                node_id=str(payload.get("node_id") or ""),
+                worker_id=str(payload.get("worker_id") or ""),
+                owner_id=self.default_owner_id,
+                codex_folder=str(payload.get("codex_folder") or ""),
+            )
+            await self._register(connection, registration, latest[thread_id][0].occurred_at)
+        if unknown:
+            known.update(await repository.threads_by_id(unknown))
+        updates: list[tuple[str, dict[str, Any]]] = []
+        changed: dict[str, dict[str, Any]] = {}
         for thread_id, (event, budget) in latest.items():
-            thread = known.get(thread_id)
-            if thread is None:
-                payload = event.payload
-                registration = Registration(
-                    thread_id=thread_id,
-                    node_id=str(payload.get("node_id") or ""),
-                    worker_id=str(payload.get("worker_id") or ""),
-                    owner_id=self.default_owner_id,
-                    codex_folder=str(payload.get("codex_folder") or ""),
-                )
-                await self._register(connection, registration, event.occurred_at)
-                thread = await repository.thread(thread_id)
-                assert thread is not None
-            elif not thread["worker_id"] and event.payload.get("worker_id"):
-                await repository.update_thread(thread_id, _reporter_columns(thread, event.payload))
-            if not budget.is_newer_than(budget_of(thread)):
-                continue
-            await repository.update_thread(thread_id, budget_columns(budget))
-            if thread["archived_at"] is not None:
-                continue
-            published += await self._publish_thread_change(repository, thread_id)
-        return published
+            thread = dict(known[thread_id])
+            columns: dict[str, Any] = {}
+            if not thread["worker_id"] and event.payload.get("worker_id"):
+                columns.update(_reporter_columns(thread, event.payload))
+            if budget.is_newer_than(budget_of(thread)):
+                columns.update(budget_columns(budget))
+                if thread["archived_at"] is None:
+                    changed[thread_id] = thread
+            if columns:
+                thread.update(columns)
+                updates.append((thread_id, columns))
+        await repository.update_threads(updates)
+        return await self._publish_thread_changes(repository, changed)
 
     async def _publish_thread_change(
         self, repository: SqlAlchemyConversationsRepository, thread_id: str
@@ -731,18 +740,46 @@ class ConversationsHandlers:
         """Refreshes the rings showing the thread and emits indicator and project-risk events."""
         thread = await repository.thread(thread_id)
         assert thread is not None
-        view = view_of(thread)
+        return await self._publish_thread_changes(repository, {thread_id: dict(thread)})
+
+    async def _publish_thread_changes(
+        self, repository: SqlAlchemyConversationsRepository, changed: Mapping[str, Mapping[str, Any]]
+    ) -> list[NewEvent]:
+        """Refreshes the rings showing the `changed` threads (their current rows, as just written)
+        and emits, per thread in order, its indicator events (projects by id) and its projects'
+        risk events (unarchived projects by id). Three statements whatever the number of threads:
+        the members of their projects, those projects and the projects showing them, and one
+        (executemany) update of the rings."""
+        if not changed:
+            return []
+        members: dict[str, list[Row]] = {}
+        projects_of_thread: dict[str, list[str]] = {thread_id: [] for thread_id in changed}
+        for project_id, row in await repository.members_of_projects_of_threads(changed):
+            members.setdefault(project_id, []).append(row)
+            if row["thread_id"] in projects_of_thread:
+                projects_of_thread[row["thread_id"]].append(project_id)
+        rows = await repository.projects_by_id_or_shown_thread(members, changed)
+        by_id = {project["project_id"]: project for project in rows}
+        showing: dict[str, list[Row]] = {}
+        for project in rows:
+            showing.setdefault(project["indicator_thread_id"], []).append(project)
+        details: dict[str, ProjectDetailView] = {}
+        rings: list[tuple[str, dict[str, Any]]] = []
         events: list[NewEvent] = []
-        for project in await repository.projects_showing_thread(thread_id):
-            indicator = indicator_for(project["conversation_type"], thread_id, view.budget)
-            await repository.update_project(project["project_id"], indicator_columns(indicator))
-            events.append(_indicator_event(project, indicator))
-        project_ids = (await repository.project_ids_of_threads([thread_id]))[thread_id]
-        for project in await repository.projects_by_id(project_ids):
-            if project["archived_at"] is not None:
-                continue
-            detail = await self._detail(repository, project)
-            events.append(_project_risk_event(project, detail, view, thread["node_id"]))
+        for thread_id, thread in changed.items():
+            view = view_of(thread)
+            for project in showing.get(thread_id, []):
+                indicator = indicator_for(project["conversation_type"], thread_id, view.budget)
+                rings.append((project["project_id"], indicator_columns(indicator)))
+                events.append(_indicator_event(project, indicator))
+            for project_id in projects_of_thread[thread_id]:
+                member_of = by_id.get(project_id)
+                if member_of is None or member_of["archived_at"] is not None:
+                    continue
+                if project_id not in details:
+                    details[project_id] = self._detail_of(member_of, members[project_id])
+                events.append(_project_risk_event(member_of, details[project_id], view, thread["node_id"]))
+        await repository.update_projects(rings)
         return events
 
     async def apply_scheduler_events(

@@ -48,7 +48,7 @@ SETTLE_YIELDS = 8
 
 
 def to_envelope(event: StoredEvent) -> events_pb2.EventEnvelope:
-    """The wire form of a stored event."""
+    """The wire form of a stored event (its stored payload JSON as is, when it has it)."""
     return events_pb2.EventEnvelope(
         sequence=event.sequence,
         type=event.type,
@@ -56,7 +56,7 @@ def to_envelope(event: StoredEvent) -> events_pb2.EventEnvelope:
         thread_id=event.thread_id,
         project_id=event.project_id,
         node_id=event.node_id,
-        payload_json=json.dumps(event.payload, separators=(",", ":")),
+        payload_json=event.payload_json or json.dumps(event.payload, separators=(",", ":")),
         trace_context=event.trace_context,
     )
 
@@ -103,6 +103,8 @@ class EventConsumer:
             this service's own outbox (written in the same transaction).
         event_log: this service's outbox, when handlers publish events.
         batch_size: most events applied per transaction.
+        after_commit: called (synchronously, no arguments) after each batch's transaction committed,
+            e.g. to hand what the batch changed to work that must only see committed rows.
         linger_seconds / max_linger_seconds: the batch-filling window on a busy stream (module
             docstring); 0 turns lingering off.
     """
@@ -117,6 +119,7 @@ class EventConsumer:
         handle: BatchHandler,
         event_log: EventLog | None = None,
         batch_size: int = 500,
+        after_commit: Callable[[], None] | None = None,
         linger_seconds: float = 0.001,
         max_linger_seconds: float = 0.005,
     ) -> None:
@@ -127,6 +130,7 @@ class EventConsumer:
         self._handle = handle
         self._event_log = event_log
         self._batch_size = batch_size
+        self._after_commit = after_commit
         self._linger = linger_seconds
         self._max_linger = max_linger_seconds
         self.last_sequence = 0
@@ -179,6 +183,8 @@ class EventConsumer:
                 )
         if published and self._event_log is not None:
             self._event_log.kick()
+        if self._after_commit is not None:
+            self._after_commit()
         self.batches_applied += 1
         async with self.applied:
             self.last_sequence = fresh[-1].sequence

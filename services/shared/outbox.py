@@ -123,7 +123,9 @@ class NewEvent:
 
 @dataclass(frozen=True)
 class StoredEvent:
-    """A committed, sequenced event as consumers see it."""
+    """A committed, sequenced event as consumers see it. `payload_json` is the payload's stored JSON
+    text when the event was read from the outbox ("" otherwise), so a stream can send it on
+    without serialising the payload again; it takes no part in comparisons."""
 
     sequence: int
     type: str
@@ -133,6 +135,7 @@ class StoredEvent:
     node_id: str
     payload: dict[str, Any]
     trace_context: dict[str, str]
+    payload_json: str = field(default="", compare=False, repr=False)
 
 
 class EventLog:
@@ -332,6 +335,7 @@ class EventLog:
                 node_id=row["node_id"],
                 payload=json.loads(row["payload_json"]),
                 trace_context=json.loads(row["trace_context_json"]),
+                payload_json=row["payload_json"],
             )
             for row in rows
         ]

@@ -4,7 +4,8 @@
 "use strict";
 
 const TOKEN_KEY = "boss.token";
-const state = { token: "", lastEventId: "", source: null, reconnectTimer: null, route: null, refreshTimer: null };
+const state = { token: "", lastEventId: "", source: null, reconnectTimer: null, route: null, refreshTimer: null,
+  rendering: 0, missedWhileRendering: [], replaying: false };
 
 function takeToken() {
   const params = new URLSearchParams(location.search);
@@ -204,6 +205,10 @@ async function render() {
     return;
   }
   state.route = parseRoute();
+  // Live events that arrive while the page is being fetched patch the old DOM, which the fetched
+  // (possibly older) page then replaces: keep them and apply them again once the page is in place.
+  state.rendering = (state.rendering || 0) + 1;
+  if (state.rendering === 1) state.missedWhileRendering = [];
   try {
     if (state.route.name === "project") await renderProject(view, state.route.id);
     else if (state.route.name === "thread") await renderThread(view, state.route.id);
@@ -211,10 +216,25 @@ async function render() {
   } catch (error) {
     if (error.status === 401) localStorage.removeItem(TOKEN_KEY);
     view.replaceChildren(el("div", { class: "error" }, `Could not load: ${error.message}`));
+  } finally {
+    state.rendering -= 1;
+    if (state.rendering === 0) replayMissed();
+  }
+}
+
+function replayMissed() {
+  const missed = state.missedWhileRendering || [];
+  state.missedWhileRendering = [];
+  state.replaying = true;
+  try {
+    for (const [type, data] of missed) handlers[type](data);
+  } finally {
+    state.replaying = false;
   }
 }
 
 function refreshSoon() {
+  if (state.replaying) return;
   clearTimeout(state.refreshTimer);
   state.refreshTimer = setTimeout(render, 150);
 }
@@ -289,7 +309,9 @@ function connect() {
   for (const [type, handle] of Object.entries(handlers)) {
     source.addEventListener(type, (event) => {
       if (event.lastEventId) state.lastEventId = event.lastEventId;
-      handle(JSON.parse(event.data));
+      const data = JSON.parse(event.data);
+      if (state.rendering) state.missedWhileRendering.push([type, data]);
+      handle(data);
     });
   }
 }

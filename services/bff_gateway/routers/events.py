@@ -62,14 +62,34 @@ BACKFILL_PAGE = 1_000
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-@dataclass(frozen=True)
 class HubEvent:
-    """One event as the hub hands it out: sequence, type, owner and the ready-to-send SSE frame."""
+    """One event as the hub hands it out: sequence, type, owner and the ready-to-send SSE frame.
 
-    sequence: int
-    type: str
-    owner_id: str
-    frame: bytes
+    The frame is built on first use and then shared by every subscriber, so an event no connected
+    client may see (another owner's) costs only the payload parse that finds its owner.
+    """
+
+    __slots__ = ("_envelope", "_frame", "_payload", "owner_id", "sequence", "type")
+
+    def __init__(self, envelope: events_pb2.EventEnvelope, payload: dict[str, Any]) -> None:
+        self._envelope = envelope
+        self._payload = payload
+        self._frame: bytes | None = None
+        self.sequence = int(envelope.sequence)
+        self.type = envelope.type
+        self.owner_id = str(payload.get("owner_id") or "")
+
+    @property
+    def frame(self) -> bytes:
+        """The SSE frame: the payload plus `sequence` and `occurred_at` as data."""
+        if self._frame is None:
+            data = {
+                **self._payload,
+                "sequence": self.sequence,
+                "occurred_at": isoformat_utc(from_timestamp(self._envelope.occurred_at)),
+            }
+            self._frame = sse_frame(self.sequence, self.type, data)
+        return self._frame
 
 
 def sse_frame(sequence: int, event_type: str, data: dict[str, Any]) -> bytes:
@@ -83,17 +103,7 @@ def hub_event(envelope: events_pb2.EventEnvelope) -> HubEvent:
     payload = json.loads(envelope.payload_json or "{}")
     if not isinstance(payload, dict):
         payload = {}
-    data = {
-        **payload,
-        "sequence": envelope.sequence,
-        "occurred_at": isoformat_utc(from_timestamp(envelope.occurred_at)),
-    }
-    return HubEvent(
-        envelope.sequence,
-        envelope.type,
-        str(payload.get("owner_id") or ""),
-        sse_frame(envelope.sequence, envelope.type, data),
-    )
+    return HubEvent(envelope, payload)
 
 
 @dataclass(eq=False)
@@ -118,13 +128,15 @@ class EventHub:
     """Follows the conversations stream once per process and fans it out to SSE subscribers.
 
     `position` is the sequence up to which every event has been handed to every subscriber; a
-    subscriber registered at position p receives every event after p.
+    subscriber registered at position p receives every event after p. Subscribers are kept by
+    owner, so an event reaches only its owner's clients and the service-token ones (owner None)
+    without a look at anyone else's: the cost of an event does not grow with other owners' clients.
     """
 
     def __init__(self, client: Any, authority: TokenAuthority) -> None:
         self._client = client
         self._token = authority.issue_service("bff_gateway")
-        self._subscribers: set[Subscriber] = set()
+        self._subscribers: dict[str | None, set[Subscriber]] = {}
         self._task: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
         self.position = 0
@@ -132,7 +144,7 @@ class EventHub:
     @property
     def subscriber_count(self) -> int:
         """Connected SSE clients."""
-        return len(self._subscribers)
+        return sum(len(group) for group in self._subscribers.values())
 
     async def ensure_started(self) -> None:
         """Starts following (in the running loop) and waits until the starting head is known.
@@ -154,19 +166,24 @@ class EventHub:
     def subscribe(self, owner_id: str | None) -> tuple[Subscriber, int]:
         """Registers a subscriber; returns it and the position after which its queue is complete."""
         subscriber = Subscriber(owner_id)
-        self._subscribers.add(subscriber)
+        self._subscribers.setdefault(owner_id, set()).add(subscriber)
         return subscriber, self.position
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         """Forgets a subscriber (idempotent)."""
-        self._subscribers.discard(subscriber)
+        group = self._subscribers.get(subscriber.owner_id)
+        if group is not None:
+            group.discard(subscriber)
+            if not group:
+                del self._subscribers[subscriber.owner_id]
 
     def publish(self, event: HubEvent) -> None:
         """Hands an event to every subscriber and advances the position."""
         if event.sequence <= self.position:
             return
-        for subscriber in list(self._subscribers):
-            subscriber.offer(event)
+        for owner in (event.owner_id, None):
+            for subscriber in list(self._subscribers.get(owner, ())):
+                subscriber.offer(event)
         self.position = event.sequence
 
     async def _follow(self) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, false, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, false, func, insert, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -147,6 +147,31 @@ class SqlAlchemyConversationsRepository:
         """Updates columns of one thread."""
         await self.connection.execute(update(threads).where(threads.c.thread_id == thread_id).values(values))
 
+    async def update_threads(self, changes: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Updates columns of several threads: one executemany per distinct set of columns (one
+        pipelined round trip on PostgreSQL), instead of one statement per thread."""
+        await self._update_many(threads, threads.c.thread_id, changes)
+
+    async def _update_many(self, table: Any, key: Any, changes: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for row_id, values in changes:
+            columns = tuple(sorted(values))
+            groups.setdefault(columns, []).append(
+                {"k_id": row_id, **{f"v_{column}": value for column, value in values.items()}}
+            )
+        for columns, parameters in groups.items():
+            if not columns:
+                continue
+            statement = (
+                update(table)
+                .where(key == bindparam("k_id"))
+                .values({column: bindparam(f"v_{column}") for column in columns})
+            )
+            if len(parameters) == 1:
+                await self.connection.execute(statement, parameters[0])
+            else:
+                await self.connection.execute(statement, parameters)
+
     async def project(self, project_id: str) -> Row | None:
         """One project row, or None."""
         result = await self.connection.execute(select(projects).where(projects.c.project_id == project_id))
@@ -184,6 +209,40 @@ class SqlAlchemyConversationsRepository:
         await self.connection.execute(
             update(projects).where(projects.c.project_id == project_id).values(values)
         )
+
+    async def update_projects(self, changes: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Updates columns of several projects (one executemany per distinct set of columns)."""
+        await self._update_many(projects, projects.c.project_id, changes)
+
+    async def members_of_projects_of_threads(self, thread_ids: Iterable[str]) -> list[tuple[str, Row]]:
+        """(project id, thread row) for every member of every project one of `thread_ids` belongs to,
+        in one statement; ordered by project id, then thread id. Membership of the given threads is
+        the rows whose thread id is one of them."""
+        ids = list(set(thread_ids))
+        if not ids:
+            return []
+        of_threads = select(project_threads.c.project_id).where(project_threads.c.thread_id.in_(ids))
+        result = await self.connection.execute(
+            select(project_threads.c.project_id.label("member_project_id"), threads)
+            .join(threads, threads.c.thread_id == project_threads.c.thread_id)
+            .where(project_threads.c.project_id.in_(of_threads))
+            .order_by(project_threads.c.project_id, threads.c.thread_id)
+        )
+        return [(row["member_project_id"], row) for row in result.mappings()]
+
+    async def projects_by_id_or_shown_thread(
+        self, project_ids: Iterable[str], thread_ids: Iterable[str]
+    ) -> list[Row]:
+        """Projects with one of `project_ids`, or whose ring shows one of `thread_ids`, by id."""
+        ids, shown = sorted(set(project_ids)), list(set(thread_ids))
+        if not ids and not shown:
+            return []
+        result = await self.connection.execute(
+            select(projects)
+            .where(or_(projects.c.project_id.in_(ids), projects.c.indicator_thread_id.in_(shown)))
+            .order_by(projects.c.project_id)
+        )
+        return list(result.mappings())
 
     async def add_member(self, project_id: str, thread_id: str, joined_at: datetime) -> None:
         """Adds a thread to a project (no-op when it is a member already)."""

@@ -13,9 +13,11 @@ import pytest
 from boss.conversations.v1 import conversations_pb2 as pb
 from grpc_status import rpc_status
 
+from services.conversations.domain.model import single_device_project_id
 from services.shared.errors import field_violations_of
+from services.shared.outbox import StoredEvent
 from tests.conftest import DatabaseTarget
-from tests.integration.conversations.stack import Stack, budget_payload, running_stack
+from tests.integration.conversations.stack import T0, Stack, budget_payload, running_stack
 
 
 @pytest.fixture
@@ -438,3 +440,67 @@ async def test_watch_events_streams_live_and_resumes_without_gaps(stack: Stack) 
         await stack.settle()  # one batch each: readings of one thread in one batch are coalesced
     await asyncio.wait_for(watch(received[-1], 6), 5)
     assert received == list(range(1, 7))
+
+
+async def test_one_batch_of_many_threads_updates_every_ring_and_risk_in_thread_order(stack: Stack) -> None:
+    single_1 = (await register(stack, "th-1")).project_id
+    single_2 = (await register(stack, "th-2")).project_id
+    group = (
+        await stack.stub.CreateGroupProject(
+            pb.CreateGroupProjectRequest(title="Pilot line", thread_ids=["th-1", "th-2"]),
+            metadata=stack.client(),
+        )
+    ).project.conversation.project_id
+    readings = [
+        ("th-1", 50.0, "watch", 1),
+        ("th-2", 80.0, "safe", 1),
+        ("th-1", 30.0, "urgent", 2),
+        ("th-1", 90.0, "safe", 0),  # older than version 2: ignored
+        ("th-new", 64.0, "safe", 1),
+    ]
+    batch = [
+        StoredEvent(
+            sequence=index,
+            type="thread.context.updated",
+            occurred_at=T0,
+            thread_id=thread_id,
+            project_id="",
+            node_id="node-a",
+            payload=budget_payload(thread_id, pct, level, version=version),
+            trace_context={},
+        )
+        for index, (thread_id, pct, level, version) in enumerate(readings, start=1)
+    ]
+    async with stack.app.database.transaction() as connection:
+        published = await stack.app.handlers.apply_budget_events(connection, batch)
+
+    imported = single_device_project_id("local", "th-new")
+    assert [(e.type, e.thread_id, e.project_id) for e in published] == [
+        ("conversation.context_indicator.updated", "th-1", single_1),
+        *sorted(
+            [
+                ("project.context_risk.updated", "th-1", single_1),
+                ("project.context_risk.updated", "th-1", group),
+            ]
+        ),
+        ("conversation.context_indicator.updated", "th-2", single_2),
+        *sorted(
+            [
+                ("project.context_risk.updated", "th-2", single_2),
+                ("project.context_risk.updated", "th-2", group),
+            ]
+        ),
+        ("conversation.context_indicator.updated", "th-new", imported),
+        ("project.context_risk.updated", "th-new", imported),
+    ]
+    assert [
+        e.payload["context_budget_indicator"]["percent"]
+        for e in published
+        if e.type.endswith("indicator.updated")
+    ] == [30, 80, 64]
+    group_risks = [e.payload for e in published if e.project_id == group]
+    assert {p["next_compaction_risk_thread_id"] for p in group_risks} == {"th-1"}
+    assert [p["thread_context"]["percent"] for p in group_risks] == [30, 80]
+    rows = {r.project_id: r.context_budget_indicator for r in (await home(stack)).conversations}
+    assert (rows[single_1].percent, rows[single_2].percent, rows[imported].percent) == (30, 80, 64)
+    assert not rows[group].visible
