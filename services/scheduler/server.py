@@ -3,7 +3,9 @@ stream, the expiry sweeper and the gRPC host.
 
 Background tasks: the outbox sequencer, the `EventConsumer` following context_budget's
 `WatchEvents` (durable cursor `context_budget` in `event_cursors`, service token from
-`config.auth_secret()`), and a sweeper expiring handoff packages every 30 s.
+`config.auth_secret()`; after each committed batch it marks the changed projects for the strategy
+publisher), the `StrategyPublisher` (project.context_strategy.updated), and a sweeper expiring
+handoff packages every 30 s.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ def build(
         open_stream=budget_stream_opener(context_budget_address, authority.issue_service(SERVICE)),
         handle=handlers.apply_budget_events,
         event_log=event_log,
+        after_commit=handlers.budget_batch_committed,
     )
     servicer = SchedulerServicer(handlers, authority)
     host = ServiceHost(
@@ -127,7 +130,7 @@ def build(
         listen=listen,
         register=lambda server: scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server),
         service_names=[SERVICE_NAME],
-        background=[event_log.run_notifier, consumer.run, expiry_sweeper(handlers)],
+        background=[event_log.run_notifier, consumer.run, handlers.strategies.run, expiry_sweeper(handlers)],
         on_stop=[database.dispose],
         readiness_check=database.ping,
     )

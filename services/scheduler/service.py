@@ -4,8 +4,9 @@ its state changes and outbox events together.
 Commands (imperative): ApplyBudgetEvents (the consumer's batch handler), UploadHandoffPackage,
 ConsumeHandoffPackage, AckWorkerCommand, SetMustFinishBeforeCompaction, SetThreadWorkFacts,
 ExpireHandoffPackages. Events (past tense) published: thread.handoff.required, thread.handoff.ready,
-thread.handoff.consumed, thread.handoff.expired, thread.schedule.updated,
-project.context_strategy.updated.
+thread.handoff.consumed, thread.handoff.expired, thread.schedule.updated; and, from the
+`StrategyPublisher` (services/scheduler/strategy_publisher.py) after handlers mark the projects they
+changed, project.context_strategy.updated.
 
 `handoff_missing` alerts are kept here (table `handoff_alerts`), not in context_budget: the scheduler
 is the only context that knows whether a package was ready when the compaction showed, and contexts
@@ -48,6 +49,7 @@ from services.scheduler.domain.ranking import (
     rank_threads,
     strategy_summary,
 )
+from services.scheduler.strategy_publisher import StrategyPublisher
 from services.shared.db import Database
 from services.shared.errors import (
     FailedPrecondition,
@@ -145,6 +147,10 @@ class SchedulerHandlers:
         settings: horizon, time to live, idle and redelivery rules.
         new_id: fresh unique ids (uuid4 hex by default; injectable for tests).
         clock: the current time (UTC).
+
+    Attributes:
+        strategies: the StrategyPublisher the handlers mark changed projects on; its `run()` is
+            one of the service's background tasks.
     """
 
     def __init__(
@@ -161,6 +167,8 @@ class SchedulerHandlers:
         self.repository = SqlAlchemySchedulerRepository(database.dialect)
         self._new_id = new_id or (lambda: uuid.uuid4().hex)
         self._clock = clock
+        self.strategies = StrategyPublisher(database, event_log, self.repository, self.settings, clock)
+        self._batch_projects: dict[str, bool] = {}
 
     # ---- consuming context_budget's stream -------------------------------------------------------
 
@@ -168,7 +176,10 @@ class SchedulerHandlers:
         self, connection: AsyncConnection, events: list[StoredEvent]
     ) -> list[NewEvent]:
         """EventConsumer batch handler: applies every `thread.context.updated` in order (other types
-        are skipped), persisting states, packages, commands and alerts; returns events to publish."""
+        are skipped), persisting states, packages, commands and alerts with one statement per kind;
+        returns events to publish. The projects it changed are marked for the strategy publisher
+        by `budget_batch_committed` once the consumer committed the batch."""
+        self._batch_projects = {}
         reports = [
             report for event in events if event.type == BUDGET_EVENT if (report := report_from_event(event))
         ]
@@ -179,21 +190,43 @@ class SchedulerHandlers:
         published: list[NewEvent] = []
         command_rows: list[dict[str, Any]] = []
         packages: list[HandoffPackage] = []
+        relays: dict[str, str] = {}
         changed: dict[str, ThreadState] = {}
+        projects: dict[str, bool] = {}
         for report in reports:
-            decision = apply_report(states.get(report.thread_id), report, self.settings, self._new_id)
+            previous = states.get(report.thread_id)
+            decision = apply_report(previous, report, self.settings, self._new_id)
             if decision.ignored:
                 continue
-            states[report.thread_id] = decision.state
-            changed[report.thread_id] = decision.state
-            await self._persist_decision(connection, decision, report, now, command_rows, packages, published)
+            state = decision.state
+            states[report.thread_id] = state
+            changed[report.thread_id] = state
+            urgent = (
+                previous is None
+                or decision.level_changed
+                or previous.must_finish != state.must_finish
+                or previous.project_id != state.project_id
+            )
+            if previous is not None and previous.project_id != state.project_id:
+                projects[previous.project_id] = True
+            projects[state.project_id] = projects.get(state.project_id, False) or urgent
+            await self._persist_decision(
+                connection, decision, report, now, command_rows, packages, relays, published
+            )
         await self.repository.insert_packages(connection, packages)
+        await self.repository.set_package_relays(connection, relays)
         await self.repository.save_threads(connection, list(changed.values()), now)
         await self.repository.insert_commands(connection, command_rows)
-        published.extend(
-            await self._strategy_events(connection, {s.project_id for s in changed.values()}, now)
-        )
+        self._batch_projects = projects
         return published
+
+    def budget_batch_committed(self) -> None:
+        """EventConsumer `after_commit` hook: hands the projects the committed batch changed to the
+        strategy publisher (urgent ones are recomputed at once)."""
+        projects, self._batch_projects = self._batch_projects, {}
+        urgent = [project_id for project_id, is_urgent in projects.items() if is_urgent]
+        self.strategies.mark(urgent, urgent=True)
+        self.strategies.mark(project_id for project_id, is_urgent in projects.items() if not is_urgent)
 
     async def _persist_decision(
         self,
@@ -203,9 +236,10 @@ class SchedulerHandlers:
         now: datetime,
         command_rows: list[dict[str, Any]],
         packages: list[HandoffPackage],
+        relays: dict[str, str],
         published: list[NewEvent],
     ) -> None:
-        """Writes what one decision creates (alert, relay) and collects its package, commands and
+        """Writes what one decision creates (alert) and collects its package, relay, commands and
         events for the batch's bulk writes."""
         state = decision.state
         subject = {"thread_id": state.thread_id, "project_id": state.project_id, "node_id": state.node_id}
@@ -258,9 +292,7 @@ class SchedulerHandlers:
                 ),
             )
         elif decision.relay_thread_id and state.current_package_id:
-            await self.repository.set_package_relay(
-                connection, state.current_package_id, decision.relay_thread_id
-            )
+            relays.setdefault(state.current_package_id, decision.relay_thread_id)
         for command in decision.commands:
             command_rows.append(
                 {
@@ -311,46 +343,6 @@ class SchedulerHandlers:
                     node_id=state.node_id,
                 )
             )
-
-    async def _strategy_events(
-        self, connection: AsyncConnection, project_ids: set[str], now: datetime
-    ) -> list[NewEvent]:
-        """`project.context_strategy.updated` for each project whose summary changed."""
-        project_ids.discard("")
-        if not project_ids:
-            return []
-        previous = await self.repository.strategies(connection, project_ids)
-        by_project = await self.repository.threads_of_projects(connection, project_ids)
-        events = []
-        summaries: dict[str, str] = {}
-        for project_id in sorted(project_ids):
-            states = by_project[project_id]
-            ranked = rank_threads(states)
-            choice = choose_thread_for_work(states, now, self.settings.idle_after)
-            summary = strategy_summary(ranked, choice)
-            if previous.get(project_id) == summary:
-                continue
-            summaries[project_id] = summary
-            events.append(
-                NewEvent(
-                    "project.context_strategy.updated",
-                    {
-                        "project_id": project_id,
-                        "master_context_strategy_summary": summary,
-                        "ranked_thread_ids": [item.state.thread_id for item in ranked],
-                        "next_compaction_risk_thread_id": ranked[0].state.thread_id
-                        if ranked and ranked[0].state.level and ranked[0].state.level.severity >= 2
-                        else None,
-                        "threads_requiring_handoff": [
-                            s.thread_id for s in states if s.prepare_issued_at is not None
-                        ],
-                        "new_work_thread_id": choice.thread_id or None,
-                    },
-                    project_id=project_id,
-                )
-            )
-        await self.repository.save_strategies(connection, summaries, now)
-        return events
 
     # ---- reads -----------------------------------------------------------------------------------
 
@@ -473,9 +465,9 @@ class SchedulerHandlers:
                     node_id=state.node_id,
                 )
             ]
-            events.extend(await self._strategy_events(connection, {state.project_id}, now))
             await self.event_log.append(connection, events)
         self.event_log.kick()
+        self.strategies.mark([state.project_id], urgent=True)
         return state
 
     # ---- handoff packages ------------------------------------------------------------------------

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -32,6 +32,7 @@ from services.scheduler.domain.handoff import (
     TestRun,
 )
 from services.scheduler.domain.model import PackageStatus, ThreadState, parse_level
+from services.shared.sql_types import UtcDateTime
 from services.shared.time import isoformat_utc
 
 
@@ -81,6 +82,36 @@ def _upsert_many(dialect: str, table: Any, sample: dict[str, Any], keys: Sequenc
         index_elements=list(keys),
         set_={name: statement.excluded[name] for name in sample if name not in keys},
     )
+
+
+def _json_insert(table: Any, columns: Sequence[str], keys: Sequence[str] = ()) -> str:
+    """PostgreSQL: one INSERT of many rows passed as one JSON array of objects (parameter `rows`),
+    upserting on `keys` when given. One statement and one round trip whatever the row count, and the
+    rows are encoded by `json.dumps` (C) instead of per-parameter Python adaptation: executemany
+    would pipeline one statement per row, each through per-column Python type processing."""
+    names = ", ".join(f'"{name}"' for name in columns)
+    statement = (
+        f'INSERT INTO "{table.name}" ({names}) SELECT {names} '
+        f'FROM json_populate_recordset(NULL::"{table.name}", %(rows)s::json)'
+    )
+    if keys:
+        updates = ", ".join(f'"{name}" = EXCLUDED."{name}"' for name in columns if name not in keys)
+        statement += f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}"
+    return statement
+
+
+def _iso(value: datetime | None) -> str | None:
+    """`value` as ISO 8601 text in UTC; ValueError for a naive datetime (as UtcDateTime refuses one)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise ValueError("naive datetime: pass a timezone-aware UTC datetime")
+    return value.astimezone(UTC).isoformat()
+
+
+_STATE_TIMES = tuple(
+    column.name for column in scheduled_threads.columns if isinstance(column.type, UtcDateTime)
+)
 
 
 def _state_row(state: ThreadState, now: datetime) -> dict[str, Any]:
@@ -289,10 +320,34 @@ class SqlAlchemySchedulerRepository:
         ids = list(set(thread_ids))
         if not ids:
             return {}
+        if self._dialect == "postgresql":
+            found = await self._threads_where_postgresql(connection, "thread_id", ids)
+            return {state.thread_id: state for state in found}
         rows = await connection.execute(
             select(scheduled_threads).where(scheduled_threads.c.thread_id.in_(ids))
         )
         return {row["thread_id"]: _state_of(row) for row in rows.mappings()}
+
+    async def _threads_where_postgresql(
+        self, connection: AsyncConnection, column: str, values: list[str]
+    ) -> list[ThreadState]:
+        """Thread states whose `column` is one of `values`, on PostgreSQL without per-column result
+        processing (it runs for every consumer batch and strategy recomputation): the values travel
+        as one array; timestamptz values are converted to UTC here as UtcDateTime would."""
+        names = list(scheduled_threads.c.keys())
+        columns = ", ".join(f'"{name}"' for name in names)
+        rows = await connection.exec_driver_sql(
+            f'SELECT {columns} FROM "{scheduled_threads.name}" WHERE "{column}" = ANY(%(values)s::text[])',
+            {"values": values},
+        )
+        states = []
+        for values_of_row in rows.all():
+            row = dict(zip(names, values_of_row, strict=True))
+            for name in _STATE_TIMES:
+                if row[name] is not None:
+                    row[name] = row[name].astimezone(UTC)
+            states.append(_state_of(row))
+        return states
 
     async def thread(self, connection: AsyncConnection, thread_id: str) -> ThreadState | None:
         """One thread's state, None when unknown."""
@@ -312,6 +367,9 @@ class SqlAlchemySchedulerRepository:
         if not states:
             return
         rows = [_state_row(state, now) for state in states]
+        if self._dialect == "postgresql":
+            await self._insert_json(connection, scheduled_threads, rows, ("thread_id",))
+            return
         await connection.execute(_upsert_many(self._dialect, scheduled_threads, rows[0], ["thread_id"]), rows)
 
     async def threads_of_projects(
@@ -322,6 +380,10 @@ class SqlAlchemySchedulerRepository:
         grouped: dict[str, list[ThreadState]] = {project_id: [] for project_id in ids}
         if not ids:
             return grouped
+        if self._dialect == "postgresql":
+            for state in await self._threads_where_postgresql(connection, "project_id", ids):
+                grouped[state.project_id].append(state)
+            return grouped
         rows = await connection.execute(
             select(scheduled_threads).where(scheduled_threads.c.project_id.in_(ids))
         )
@@ -331,8 +393,13 @@ class SqlAlchemySchedulerRepository:
 
     async def insert_packages(self, connection: AsyncConnection, packages: Sequence[HandoffPackage]) -> None:
         """Stores new packages (one executemany)."""
-        if packages:
-            await connection.execute(thread_handoff_packages.insert(), [_package_row(p) for p in packages])
+        if not packages:
+            return
+        rows = [_package_row(p) for p in packages]
+        if self._dialect == "postgresql":
+            await self._insert_json(connection, thread_handoff_packages, rows)
+            return
+        await connection.execute(thread_handoff_packages.insert(), rows)
 
     async def save_package(self, connection: AsyncConnection, package: HandoffPackage) -> None:
         """Overwrites an existing package with `package`."""
@@ -381,6 +448,46 @@ class SqlAlchemySchedulerRepository:
             .values(to_thread_id=to_thread_id)
         )
 
+    async def set_package_relays(self, connection: AsyncConnection, relays: dict[str, str]) -> None:
+        """`set_package_relay` for many packages (handoff_package_id -> to_thread_id) in one
+        statement."""
+        if not relays:
+            return
+        if self._dialect == "postgresql":
+            await connection.exec_driver_sql(
+                f"UPDATE {thread_handoff_packages.name} AS package SET to_thread_id = item.to_thread_id "
+                "FROM unnest(%(ids)s::text[], %(relays)s::text[]) AS item(handoff_package_id, to_thread_id) "
+                "WHERE package.handoff_package_id = item.handoff_package_id AND package.to_thread_id = ''",
+                {"ids": list(relays), "relays": list(relays.values())},
+            )
+            return
+        await connection.execute(
+            update(thread_handoff_packages)
+            .where(
+                and_(
+                    thread_handoff_packages.c.handoff_package_id == bindparam("package_id"),
+                    thread_handoff_packages.c.to_thread_id == "",
+                )
+            )
+            .values(to_thread_id=bindparam("relay")),
+            [{"package_id": key, "relay": value} for key, value in relays.items()],
+        )
+
+    async def _insert_json(
+        self,
+        connection: AsyncConnection,
+        table: Any,
+        rows: Sequence[dict[str, Any]],
+        keys: Sequence[str] = (),
+    ) -> None:
+        """PostgreSQL: inserts (upserts on `keys`) rows of `table` in one statement (`_json_insert`);
+        datetimes travel as ISO 8601 UTC text."""
+        columns = list(rows[0])
+        times = [name for name in columns if isinstance(table.c[name].type, UtcDateTime)]
+        if times:
+            rows = [{**row, **{name: _iso(row[name]) for name in times}} for row in rows]
+        await connection.exec_driver_sql(_json_insert(table, columns, keys), {"rows": json.dumps(rows)})
+
     async def expirable_packages(self, connection: AsyncConnection, now: datetime) -> list[HandoffPackage]:
         """Draft or ready packages whose expires_at has passed."""
         rows = await connection.execute(
@@ -397,8 +504,12 @@ class SqlAlchemySchedulerRepository:
 
     async def insert_commands(self, connection: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
         """Stores new commands (dicts of `worker_commands` columns)."""
-        if rows:
-            await connection.execute(worker_commands.insert(), list(rows))
+        if not rows:
+            return
+        if self._dialect == "postgresql":
+            await self._insert_json(connection, worker_commands, rows)
+            return
+        await connection.execute(worker_commands.insert(), list(rows))
 
     async def command(self, connection: AsyncConnection, command_id: str) -> CommandRow | None:
         """One command, None when unknown."""

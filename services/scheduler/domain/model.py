@@ -65,12 +65,20 @@ class SchedulerSettings:
         idle_after: a thread whose context has not grown for this long counts as idle (CB-17
             "idle threads" for new work). Default 2 minutes.
         redeliver_after: an unacknowledged command is re-sent on a live stream after this long.
+        strategy_interval: a project whose threads changed gets its strategy summary recomputed
+            (and published when its text changed) at most this long after the previous
+            recomputation. Default 1 second.
+        strategy_urgent_interval: the same when a level, a must-finish flag, work facts or a
+            thread's project changed: recomputed as soon as the previous recomputation is this old.
+            Default 0.1 seconds.
     """
 
     compaction_horizon: timedelta = timedelta(minutes=10)
     handoff_ttl: timedelta = timedelta(hours=24)
     idle_after: timedelta = timedelta(minutes=2)
     redeliver_after: timedelta = timedelta(seconds=30)
+    strategy_interval: timedelta = timedelta(seconds=1)
+    strategy_urgent_interval: timedelta = timedelta(seconds=0.1)
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def budget_payload(
         "captured_at": isoformat_utc(captured),
         "updated_at": isoformat_utc(captured),
         "last_total_tokens": 1000 * version,
-        "codex_folder": "/work/repo",
+        "codex_folder": "/home/dev/repo",
     }
 
 

@@ -6,11 +6,13 @@ repeating anything."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import grpc
 import pytest
 from boss.scheduler.v1 import scheduler_pb2 as pb
 
+from services.scheduler.domain.model import SchedulerSettings
 from tests.conftest import DatabaseTarget
 from tests.integration.scheduler.harness import Running, budget_payload, running_scheduler
 
@@ -37,6 +39,52 @@ async def events_of(running: Running, *types: str) -> list[tuple[str, dict]]:
 
     stored = await running.app.event_log.read_after(0, types=types)
     return [(event.type, json.loads(json.dumps(event.payload))) for event in stored]
+
+
+async def strategy_events_until(running: Running, summary: str) -> list[tuple[str, dict]]:
+    """The `project.context_strategy.updated` events once the last one carries `summary` (published
+    by the scheduler's background StrategyPublisher); fails after 5 s."""
+    async with asyncio.timeout(5):
+        while True:
+            await running.app.event_log.refresh()
+            events = await events_of(running, "project.context_strategy.updated")
+            if events and events[-1][1]["master_context_strategy_summary"] == summary:
+                return events
+            await asyncio.sleep(0.02)
+
+
+async def test_strategy_summary_is_published_in_the_background_only_when_its_text_changes(
+    database_target: DatabaseTarget,
+) -> None:
+    settings = SchedulerSettings(redeliver_after=timedelta(hours=1), strategy_interval=timedelta(seconds=0.2))
+    async with running_scheduler(database_target, settings=settings) as running:
+        publisher = running.app.handlers.strategies
+        await running.publish(budget_payload(1, "safe", 80))
+        first = await strategy_events_until(
+            running,
+            "1 thread: 1 safe. Every thread has room; keep stage summaries fresh. New work goes to t1.",
+        )
+        assert len(first) == 1 and first[0][1]["ranked_thread_ids"] == ["t1"]
+
+        async with asyncio.timeout(5):
+            while not publisher.idle:
+                await asyncio.sleep(0.02)
+        runs = publisher.publications
+        await running.publish(budget_payload(2, "safe", 75))
+        assert publisher.pending
+        async with asyncio.timeout(5):
+            while publisher.publications == runs or not publisher.idle:
+                await asyncio.sleep(0.02)
+        await running.app.event_log.refresh()
+        assert await events_of(running, "project.context_strategy.updated") == first
+
+        await running.publish(budget_payload(3, "watch", 50))
+        watch = await strategy_events_until(
+            running,
+            "1 thread: 1 watch. Send t1 less long context; its handoff is being prepared. "
+            "New work goes to t1.",
+        )
+        assert len(watch) == 2 and watch[-1][1]["next_compaction_risk_thread_id"] == "t1"
 
 
 async def test_levels_commands_package_and_guarantee(database_target: DatabaseTarget) -> None:
@@ -67,7 +115,7 @@ async def test_levels_commands_package_and_guarantee(database_target: DatabaseTa
         ]
         prepare = commands[2]
         assert prepare.handoff_package_id == package.handoff_package_id
-        assert prepare.codex_folder == "/work/repo" and prepare.to_thread_id == schedule.relay_thread_id
+        assert prepare.codex_folder == "/home/dev/repo" and prepare.to_thread_id == schedule.relay_thread_id
 
         required = await events_of(running, "thread.handoff.required")
         assert [(t, p["reason"], p["command_id"]) for t, p in required] == [
@@ -267,7 +315,12 @@ async def test_ranking_choice_and_master_flags(database_target: DatabaseTarget) 
             await running.stub.RankThreads(pb.RankThreadsRequest())
         assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
-        strategies = await events_of(running, "project.context_strategy.updated")
-        assert strategies[-1][1]["master_context_strategy_summary"].startswith(
-            "3 threads: 1 critical, 1 watch, 1 safe."
-        )
+        current = (
+            await running.stub.RankThreads(pb.RankThreadsRequest(project_id="p1"), metadata=running.client())
+        ).strategy_summary
+        assert current.startswith("3 threads: 1 critical, 1 watch, 1 safe.")
+        assert current.endswith("New work goes to mid.")
+        strategies = await strategy_events_until(running, current)
+        assert strategies[-1][1]["project_id"] == "p1"
+        assert strategies[-1][1]["ranked_thread_ids"] == ["low", "mid", "healthy"]
+        assert strategies[-1][1]["new_work_thread_id"] == "mid"

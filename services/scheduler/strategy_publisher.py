@@ -1,0 +1,193 @@
+"""StrategyPublisher: publishes `project.context_strategy.updated` for projects whose threads changed,
+off the budget consumer's path.
+
+The strategy summary (`master_context_strategy_summary`, CB-13) is a per-project text for the master
+agent and the console. Recomputing it needs every thread of the project, which costs far more than
+applying the report that changed one of them, so handlers do not recompute it in their transaction:
+after their transaction commits they *mark* the changed projects dirty, and this publisher's
+background task recomputes the dirty projects in its own transaction (outbox in that transaction),
+publishing an event only for a project whose summary text differs from the last one published
+(`project_strategies`), exactly as before.
+
+Timing: a mark is published
+- at once (when the previous publication ended at least `SchedulerSettings.strategy_urgent_interval`,
+  default 0.1 s, ago) when it is *urgent*: a level changed, a thread appeared or moved project, or a
+  thread's must-finish flag or work facts changed: what the console shows first;
+- otherwise within `SchedulerSettings.strategy_interval` (default 1 s) of the previous publication.
+Under load many batches therefore share one recomputation per project. The set of dirty projects is
+in memory: at start every project is dirty, so a restart never leaves a summary stale. One
+publication runs at a time (an asyncio lock), so summaries are compared and recorded in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+from services.scheduler.adapters.repository import SqlAlchemySchedulerRepository
+from services.scheduler.domain.model import SchedulerSettings, ThreadState
+from services.scheduler.domain.ranking import choose_thread_for_work, rank_threads, strategy_summary
+from services.shared.db import Database
+from services.shared.outbox import EventLog, NewEvent
+
+log = logging.getLogger(__name__)
+
+STRATEGY_EVENT = "project.context_strategy.updated"
+
+# Seconds to wait before retrying after a failed publication (database unavailable).
+RETRY_SECONDS = 1.0
+
+
+class StrategyPublisher:
+    """Recomputes and publishes the strategy summaries of dirty projects.
+
+    Args:
+        database: the scheduler's database.
+        event_log: its outbox.
+        repository: the scheduler's repository.
+        settings: `idle_after` (new-work choice), `strategy_interval`, `strategy_urgent_interval`.
+        clock: the current time (UTC), for the new-work choice's idle-vs-busy rule.
+    """
+
+    def __init__(
+        self,
+        database: Database,
+        event_log: EventLog,
+        repository: SqlAlchemySchedulerRepository,
+        settings: SchedulerSettings,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self._database = database
+        self._event_log = event_log
+        self._repository = repository
+        self._settings = settings
+        self._clock = clock
+        self._dirty: set[str] = set()
+        self._everything = True
+        self._urgent = True
+        self._wake = asyncio.Event()
+        self._wake.set()
+        self._lock = asyncio.Lock()
+        self._last_finished = -math.inf
+        self.publications = 0
+
+    @property
+    def pending(self) -> bool:
+        """True while some project is marked and not yet recomputed."""
+        return self._everything or bool(self._dirty)
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is marked and no recomputation is running."""
+        return not self.pending and not self._lock.locked()
+
+    def mark(self, project_ids: Iterable[str], urgent: bool = False) -> None:
+        """Marks projects dirty (call only after the transaction that changed them committed).
+        Threads with no project ("") have no strategy and are ignored."""
+        ids = {project_id for project_id in project_ids if project_id}
+        if not ids:
+            return
+        self._dirty |= ids
+        self._urgent = self._urgent or urgent
+        self._wake.set()
+
+    async def flush(self) -> int:
+        """Recomputes every dirty project now (whatever the intervals); returns how many
+        `project.context_strategy.updated` events were published. Database errors propagate and
+        leave the projects dirty."""
+        async with self._lock:
+            everything, dirty = self._everything, self._dirty
+            self._everything, self._dirty, self._urgent = False, set(), False
+            try:
+                published = await self._publish(dirty, everything)
+            except BaseException:
+                self._everything = self._everything or everything
+                self._dirty |= dirty
+                raise
+            finally:
+                self._last_finished = asyncio.get_running_loop().time()
+            self.publications += 1
+            return published
+
+    async def run(self) -> None:
+        """The background task: waits for marks, spaces publications by the intervals (module
+        docstring), publishes. Cancel it to stop."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            while True:
+                spacing = (
+                    self._settings.strategy_urgent_interval
+                    if self._urgent
+                    else self._settings.strategy_interval
+                ).total_seconds()
+                delay = self._last_finished + spacing - loop.time()
+                if delay <= 0:
+                    break
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+            self._wake.clear()
+            if not self.pending:
+                continue
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("strategy publication failed; retrying in %.1f s", RETRY_SECONDS)
+                await asyncio.sleep(RETRY_SECONDS)
+                self._wake.set()
+
+    async def _publish(self, dirty: set[str], everything: bool) -> int:
+        """One transaction: the projects' threads, their summaries, the changed ones recorded and
+        published."""
+        now = self._clock()
+        async with self._database.transaction() as connection:
+            if everything:
+                by_project: dict[str, list[ThreadState]] = {}
+                for state in await self._repository.threads(connection):
+                    by_project.setdefault(state.project_id, []).append(state)
+                for project_id in dirty:
+                    by_project.setdefault(project_id, [])
+            else:
+                by_project = await self._repository.threads_of_projects(connection, dirty)
+            by_project.pop("", None)
+            if not by_project:
+                return 0
+            previous = await self._repository.strategies(connection, by_project)
+            events = []
+            summaries: dict[str, str] = {}
+            for project_id in sorted(by_project):
+                states = by_project[project_id]
+                ranked = rank_threads(states)
+                choice = choose_thread_for_work(states, now, self._settings.idle_after)
+                summary = strategy_summary(ranked, choice)
+                if previous.get(project_id) == summary:
+                    continue
+                summaries[project_id] = summary
+                events.append(
+                    NewEvent(
+                        STRATEGY_EVENT,
+                        {
+                            "project_id": project_id,
+                            "master_context_strategy_summary": summary,
+                            "ranked_thread_ids": [item.state.thread_id for item in ranked],
+                            "next_compaction_risk_thread_id": ranked[0].state.thread_id
+                            if ranked and ranked[0].state.level and ranked[0].state.level.severity >= 2
+                            else None,
+                            "threads_requiring_handoff": [
+                                s.thread_id for s in states if s.prepare_issued_at is not None
+                            ],
+                            "new_work_thread_id": choice.thread_id or None,
+                        },
+                        project_id=project_id,
+                    )
+                )
+            await self._repository.save_strategies(connection, summaries, now)
+            await self._event_log.append(connection, events)
+        if events:
+            self._event_log.kick()
+        return len(events)
