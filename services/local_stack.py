@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -51,8 +52,12 @@ class Process:
     def start(self, environment: dict[str, str]) -> None:
         """Starts the process with its output appended to its log file."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = self.log_path.open("ab")
-        self.popen = subprocess.Popen(self.argv, cwd=ROOT, env=environment, stdout=log_file, stderr=log_file)
+        log_file = self.log_path.open("wb")
+        # A session of its own: a terminal's Ctrl-C reaches only the launcher, which then stops
+        # every child in order (gateway and worker before the services they call).
+        self.popen = subprocess.Popen(
+            self.argv, cwd=ROOT, env=environment, stdout=log_file, stderr=log_file, start_new_session=True
+        )
 
     def alive(self) -> bool:
         """True while the process runs."""
@@ -129,8 +134,16 @@ async def wait_until_healthy(process: Process, check: object, target: str) -> No
     deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if not process.alive():
-            tail = process.log_path.read_text(errors="replace").splitlines()[-20:]
-            raise SystemExit(f"{process.name} exited during start-up; last log lines:\n" + "\n".join(tail))
+            log_text = process.log_path.read_text(errors="replace")
+            tail = "\n".join(log_text.splitlines()[-20:])
+            hint = ""
+            if "Failed to bind" in log_text or "address already in use" in log_text.lower():
+                variable = f"BOSS_{process.name.upper()}_LISTEN"
+                hint = (
+                    f"\n{target} is taken by another program: stop it, or move {process.name} with "
+                    f"{variable}=127.0.0.1:PORT and BOSS_{process.name.upper()}_ADDRESS=127.0.0.1:PORT"
+                )
+            raise SystemExit(f"{process.name} exited during start-up; last log lines:\n{tail}{hint}")
         if await check(target):  # type: ignore[operator]
             print(f"  ok  {process.name:<15} {target}")
             return
@@ -161,6 +174,17 @@ def handoff_summary(package: dict[str, object] | None) -> str:
 async def print_budgets(gateway: str, token: str, thread_ids: list[str]) -> int:
     """Prints one table row per thread from GET /api/v1/threads/{id}/context-budget; returns how many
     threads have a budget."""
+    try:
+        rows = await fetch_budgets(gateway, token, thread_ids)
+    except httpx.HTTPError as error:
+        print(f"\n  gateway unreachable ({error.__class__.__name__}); see its log")
+        return 0
+    print_table(rows)
+    return len(rows)
+
+
+async def fetch_budgets(gateway: str, token: str, thread_ids: list[str]) -> list[dict[str, Any]]:
+    """GET /api/v1/threads/{id}/context-budget for up to 20 threads; the ones that answer 200."""
     rows = []
     async with httpx.AsyncClient(
         base_url=gateway, timeout=2.0, headers={"Authorization": f"Bearer {token}"}
@@ -169,8 +193,13 @@ async def print_budgets(gateway: str, token: str, thread_ids: list[str]) -> int:
             response = await client.get(f"/api/v1/threads/{thread_id}/context-budget")
             if response.status_code == 200:
                 rows.append(response.json())
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """One line per thread: budget, level, Codex's own percent, compactions, handoff, must-finish."""
     stamp = datetime.now(UTC).strftime("%H:%M:%S")
-    print(f"\n[{stamp}] context budgets from {gateway}/api/v1/threads/{{thread_id}}/context-budget")
+    print(f"\n[{stamp}] context budgets (GET /api/v1/threads/{{thread_id}}/context-budget)")
     print(
         f"  {'thread':<38} {'budget':>7} {'level':<9} {'codex':>6} {'compactions':>11}"
         f"  {'handoff':<24} must finish"
@@ -189,7 +218,6 @@ async def print_budgets(gateway: str, token: str, thread_ids: list[str]) -> int:
         )
     if not rows:
         print("  (waiting for the worker's first reports)")
-    return len(rows)
 
 
 async def run_stack(arguments: argparse.Namespace) -> int:
@@ -204,6 +232,10 @@ async def run_stack(arguments: argparse.Namespace) -> int:
     environment["BOSS_DATA_DIR"] = str(data)
     python = sys.executable
     processes: list[Process] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signal_number, stop.set)
     codex_home, demo, why = choose_codex_home(arguments.codex_home, arguments.demo)
     print(f"Boss local stack: data in {data}, logs in {data / 'logs'}")
     if demo:
@@ -283,7 +315,10 @@ async def run_stack(arguments: argparse.Namespace) -> int:
                 if time.monotonic() - started > arguments.until_ready:
                     print("\nTimed out before every thread had a budget.", file=sys.stderr)
                     return 1
-            await asyncio.sleep(arguments.refresh)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), arguments.refresh)
+            if stop.is_set():
+                return 0
     finally:
         print("\nStopping…")
         for process in reversed(processes):

@@ -114,11 +114,16 @@ def create_app(
     return app
 
 
+# REST calls finish well within this; SSE streams never end by themselves and are cut at the deadline
+# (clients reconnect with Last-Event-ID), so a longer grace would only delay every shutdown.
+GRACE_SECONDS = 3
+
+
 async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) -> None:
     """Serves the gateway on `settings.listen` until SIGTERM/SIGINT (or `stop` is set).
 
     The context_budget channel is opened here, in the serving loop, and closed after uvicorn's
-    graceful shutdown (in-flight requests get up to 10 s).
+    graceful shutdown (in-flight requests get up to GRACE_SECONDS).
     """
     host, port = split_host_port(settings.listen)
     channel = open_channel(settings.context_budget_address)
@@ -126,7 +131,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
     _instrument(app)
     access_log.install()
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=10)
+        uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=GRACE_SECONDS)
     )
     watcher = asyncio.create_task(_stop_when(stop, server)) if stop is not None else None
     try:
