@@ -1,8 +1,10 @@
-"""Opaque page tokens (AIP-158): keyset positions, signed against tampering across collections.
+"""Page tokens (AIP-158): keyset positions bound to the collection and owner they were made for.
 
-A token is URL-safe base64 of JSON `{"k": kind, "v": [...position...], "o": owner digest}`. Tokens
-are bound to the collection kind and owner they were handed out for; anything else is rejected with
-ValueError, which callers turn into INVALID_ARGUMENT on `page_token`.
+A token is URL-safe base64 of JSON `{"k": kind, "v": [...position...], "o": owner digest}`. A token
+made for another collection kind or owner, or malformed, is rejected with ValueError, which callers
+turn into INVALID_ARGUMENT on `page_token`. Tokens are not signed: an edited token can only name a
+position inside the caller's own list (reads are scoped by owner regardless), so it grants nothing;
+context_budget's signed codec is the one to share when both move to services/shared.
 """
 
 from __future__ import annotations
