@@ -10,10 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from alembic import command, context
+import sqlalchemy as sa
+from alembic import command, context, op
 from alembic.config import Config
 from sqlalchemy import MetaData, create_engine, text
 from sqlalchemy.engine import make_url
+
+from services.shared.sql_types import UtcDateTime
+
+OUTBOX_TABLES = ("event_cursors", "outbox_sequencer", "outbox_events")
 
 
 def sync_url(url: str) -> str:
@@ -63,3 +68,39 @@ def run_alembic_environment(metadata: MetaData) -> None:
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()
+
+
+def create_outbox_tables() -> None:
+    """Creates the shared outbox tables (`outbox.define_outbox_tables`) in a service's migration:
+    `outbox_events`, `outbox_sequencer` and `event_cursors`."""
+    op.create_table(
+        "outbox_events",
+        sa.Column(
+            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True
+        ),
+        sa.Column("sequence", sa.BigInteger(), nullable=False, unique=True),
+        sa.Column("event_type", sa.String(100), nullable=False),
+        sa.Column("occurred_at", UtcDateTime(), nullable=False),
+        sa.Column("thread_id", sa.String(200), nullable=False),
+        sa.Column("project_id", sa.String(200), nullable=False),
+        sa.Column("node_id", sa.String(200), nullable=False),
+        sa.Column("payload_json", sa.Text(), nullable=False),
+        sa.Column("trace_context_json", sa.Text(), nullable=False),
+    )
+    op.create_table(
+        "outbox_sequencer",
+        sa.Column("id", sa.Integer(), primary_key=True),
+        sa.Column("last_sequence", sa.BigInteger(), nullable=False),
+    )
+    op.create_table(
+        "event_cursors",
+        sa.Column("stream_name", sa.String(100), primary_key=True),
+        sa.Column("last_sequence", sa.BigInteger(), nullable=False),
+        sa.Column("updated_at", UtcDateTime(), nullable=False),
+    )
+
+
+def drop_outbox_tables() -> None:
+    """Drops what `create_outbox_tables` created."""
+    for table in OUTBOX_TABLES:
+        op.drop_table(table)

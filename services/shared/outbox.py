@@ -34,7 +34,6 @@ from opentelemetry import propagate
 from sqlalchemy import (
     BigInteger,
     Column,
-    Index,
     Integer,
     MetaData,
     String,
@@ -42,7 +41,6 @@ from sqlalchemy import (
     Text,
     insert,
     select,
-    text,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -78,7 +76,7 @@ def define_outbox_tables(metadata: MetaData) -> tuple[Table, Table, Table]:
         "outbox_events",
         metadata,
         Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
-        Column("sequence", BigInteger, nullable=True, unique=True),
+        Column("sequence", BigInteger, nullable=False, unique=True),
         Column("event_type", String(100), nullable=False),
         Column("occurred_at", UtcDateTime, nullable=False),
         Column("thread_id", String(200), nullable=False, default=""),
@@ -86,12 +84,6 @@ def define_outbox_tables(metadata: MetaData) -> tuple[Table, Table, Table]:
         Column("node_id", String(200), nullable=False, default=""),
         Column("payload_json", Text, nullable=False),
         Column("trace_context_json", Text, nullable=False, default="{}"),
-        Index(
-            "ix_outbox_events_unsequenced",
-            "id",
-            sqlite_where=text("sequence IS NULL"),
-            postgresql_where=text("sequence IS NULL"),
-        ),
     )
     sequencer = Table(
         "outbox_sequencer",

@@ -8,6 +8,7 @@ Create Date: 2026-05-01
 import sqlalchemy as sa
 from alembic import op
 
+from services.shared.migrations import create_outbox_tables, drop_outbox_tables
 from services.shared.sql_types import UtcDateTime
 
 revision = "0001"
@@ -95,44 +96,13 @@ def upgrade() -> None:
         sa.Column("created_at", UtcDateTime, nullable=False),
     )
     op.create_index("ix_messages_project", "messages", ["project_id", "id"])
-    op.create_table(
-        "outbox_events",
-        sa.Column("id", BIG_ID, primary_key=True, autoincrement=True),
-        sa.Column("sequence", sa.BigInteger, nullable=True, unique=True),
-        sa.Column("event_type", sa.String(100), nullable=False),
-        sa.Column("occurred_at", UtcDateTime, nullable=False),
-        sa.Column("thread_id", sa.String(200), nullable=False),
-        sa.Column("project_id", sa.String(200), nullable=False),
-        sa.Column("node_id", sa.String(200), nullable=False),
-        sa.Column("payload_json", sa.Text, nullable=False),
-        sa.Column("trace_context_json", sa.Text, nullable=False),
-    )
-    op.create_index(
-        "ix_outbox_events_unsequenced",
-        "outbox_events",
-        ["id"],
-        sqlite_where=sa.text("sequence IS NULL"),
-        postgresql_where=sa.text("sequence IS NULL"),
-    )
-    op.create_table(
-        "outbox_sequencer",
-        sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("last_sequence", sa.BigInteger, nullable=False),
-    )
-    op.create_table(
-        "event_cursors",
-        sa.Column("stream_name", sa.String(100), primary_key=True),
-        sa.Column("last_sequence", sa.BigInteger, nullable=False),
-        sa.Column("updated_at", UtcDateTime, nullable=False),
-    )
+    create_outbox_tables()
 
 
 def downgrade() -> None:
     """Drops every table."""
+    drop_outbox_tables()
     for name in (
-        "event_cursors",
-        "outbox_sequencer",
-        "outbox_events",
         "messages",
         "project_threads",
         "threads",

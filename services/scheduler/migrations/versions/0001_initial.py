@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from services.shared.migrations import create_outbox_tables, drop_outbox_tables
 from services.shared.sql_types import UtcDateTime
 
 revision: str = "0001"
@@ -21,13 +22,7 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     """Create every scheduler table."""
-    op.create_table(
-        "event_cursors",
-        sa.Column("stream_name", sa.String(length=100), nullable=False),
-        sa.Column("last_sequence", sa.BigInteger(), nullable=False),
-        sa.Column("updated_at", UtcDateTime(), nullable=False),
-        sa.PrimaryKeyConstraint("stream_name"),
-    )
+    create_outbox_tables()
     op.create_table(
         "handoff_alerts",
         sa.Column("alert_id", sa.String(length=64), nullable=False),
@@ -42,36 +37,6 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("alert_id"),
     )
     op.create_index("ix_handoff_alerts_thread", "handoff_alerts", ["thread_id", "alert_status"], unique=False)
-    op.create_table(
-        "outbox_events",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
-        sa.Column("sequence", sa.BigInteger(), nullable=True),
-        sa.Column("event_type", sa.String(length=100), nullable=False),
-        sa.Column("occurred_at", UtcDateTime(), nullable=False),
-        sa.Column("thread_id", sa.String(length=200), nullable=False),
-        sa.Column("project_id", sa.String(length=200), nullable=False),
-        sa.Column("node_id", sa.String(length=200), nullable=False),
-        sa.Column("payload_json", sa.Text(), nullable=False),
-        sa.Column("trace_context_json", sa.Text(), nullable=False),
-        sa.PrimaryKeyConstraint("id"),
-        sa.UniqueConstraint("sequence"),
-    )
-    op.create_index(
-        "ix_outbox_events_unsequenced",
-        "outbox_events",
-        ["id"],
-        unique=False,
-        sqlite_where=sa.text("sequence IS NULL"),
-        postgresql_where=sa.text("sequence IS NULL"),
-    )
-    op.create_table(
-        "outbox_sequencer",
-        sa.Column("id", sa.Integer(), nullable=False),
-        sa.Column("last_sequence", sa.BigInteger(), nullable=False),
-        sa.PrimaryKeyConstraint("id"),
-    )
     op.create_table(
         "project_strategies",
         sa.Column("project_id", sa.String(length=200), nullable=False),
@@ -194,7 +159,5 @@ def downgrade() -> None:
     op.drop_table("thread_handoff_packages")
     op.drop_table("scheduled_threads")
     op.drop_table("project_strategies")
-    op.drop_table("outbox_sequencer")
-    op.drop_table("outbox_events")
     op.drop_table("handoff_alerts")
-    op.drop_table("event_cursors")
+    drop_outbox_tables()
