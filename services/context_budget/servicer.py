@@ -116,11 +116,6 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         self._authority = authority
         self._page_tokens = page_tokens
 
-    def _principal(self, context: grpc.aio.ServicerContext, scope: str) -> Principal:
-        principal = self._authority.verify_grpc(context)
-        principal.require(scope)
-        return principal
-
     # --- ingest ---------------------------------------------------------------------------------
 
     @translate_errors
@@ -133,7 +128,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         INVALID_ARGUMENT with every violation (`snapshot.<field>`); UNAVAILABLE/INTERNAL when the
         transaction failed. Nothing is stored on any error.
         """
-        principal = self._principal(context, SCOPE_CONTEXT_REPORT)
+        principal = self._authority.authorize_grpc(context, SCOPE_CONTEXT_REPORT)
         if not request.HasField("snapshot"):
             raise InvalidArgument([FieldViolation("snapshot", "is required")])
         snapshot = validate_snapshot(
@@ -155,7 +150,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         with UNAUTHENTICATED or PERMISSION_DENIED (no context:report scope) at its start.
         """
         try:
-            principal = self._principal(context, SCOPE_CONTEXT_REPORT)
+            principal = self._authority.authorize_grpc(context, SCOPE_CONTEXT_REPORT)
         except BossError as error:
             await context.abort_with_status(grpc_status_of(error))
             return
@@ -255,7 +250,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
     ) -> pb.GetThreadContextResponse:
         """The thread's current budget. INVALID_ARGUMENT without thread_id; NOT_FOUND when it
         never reported."""
-        self._principal(context, SCOPE_CONTEXT_READ)
+        self._authority.authorize_grpc(context, SCOPE_CONTEXT_READ)
         _require_id(request.thread_id, "thread_id")
         view = await self._handlers.get_thread_context(request.thread_id)
         return pb.GetThreadContextResponse(
@@ -269,7 +264,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         """Current budgets ordered by thread_id, filtered by project_id and/or thread_ids (at most
         1,000), AIP-158 paging (page_size 0 -> 100, capped at 1,000, negative INVALID_ARGUMENT;
         page_token from a previous answer with the same filters, else INVALID_ARGUMENT)."""
-        self._principal(context, SCOPE_CONTEXT_READ)
+        self._authority.authorize_grpc(context, SCOPE_CONTEXT_READ)
         violations: list[FieldViolation] = []
         _optional_id(request.project_id, "project_id", violations)
         thread_ids = sorted(set(request.thread_ids))
@@ -312,7 +307,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         self, request: pb.GetThresholdPolicyRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetThresholdPolicyResponse:
         """The policy in force for project_id ("" = the default), and whether it is an override."""
-        self._principal(context, SCOPE_CONTEXT_READ)
+        self._authority.authorize_grpc(context, SCOPE_CONTEXT_READ)
         violations: list[FieldViolation] = []
         _optional_id(request.project_id, "project_id", violations)
         if violations:
@@ -326,7 +321,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
     ) -> pb.SetThresholdPolicyResponse:
         """Stores a project's override, or the default with an empty project_id (context:admin).
         INVALID_ARGUMENT (`policy.<field>`) unless 0 < urgent < watch < safe <= 100."""
-        self._principal(context, SCOPE_CONTEXT_ADMIN)
+        self._authority.authorize_grpc(context, SCOPE_CONTEXT_ADMIN)
         if not request.HasField("policy"):
             raise InvalidArgument([FieldViolation("policy", "is required")])
         violations: list[FieldViolation] = []
@@ -343,7 +338,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         self, request: pb.ListAlertsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListAlertsResponse:
         """Alerts newest first, filtered by thread_id, project_id and alert_statuses (AIP-158 paging)."""
-        self._principal(context, SCOPE_CONTEXT_READ)
+        self._authority.authorize_grpc(context, SCOPE_CONTEXT_READ)
         violations: list[FieldViolation] = []
         _optional_id(request.thread_id, "thread_id", violations)
         _optional_id(request.project_id, "project_id", violations)
@@ -394,7 +389,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         self, request: pb.AcknowledgeAlertRequest, context: grpc.aio.ServicerContext
     ) -> pb.AcknowledgeAlertResponse:
         """opened -> acked (context:admin). NOT_FOUND; FAILED_PRECONDITION from another status."""
-        self._principal(context, SCOPE_CONTEXT_ADMIN)
+        self._authority.authorize_grpc(context, SCOPE_CONTEXT_ADMIN)
         _require_id(request.alert_id, "alert_id")
         alert = await self._handlers.acknowledge_alert(request.alert_id)
         return pb.AcknowledgeAlertResponse(alert=alert_message(alert))
@@ -404,7 +399,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         self, request: pb.ResolveAlertRequest, context: grpc.aio.ServicerContext
     ) -> pb.ResolveAlertResponse:
         """opened|acked -> resolved (context:admin). NOT_FOUND; FAILED_PRECONDITION when resolved."""
-        self._principal(context, SCOPE_CONTEXT_ADMIN)
+        self._authority.authorize_grpc(context, SCOPE_CONTEXT_ADMIN)
         _require_id(request.alert_id, "alert_id")
         alert = await self._handlers.resolve_alert(request.alert_id)
         return pb.ResolveAlertResponse(alert=alert_message(alert))
@@ -417,7 +412,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         """Committed events with sequence > after_sequence, then live ones (events:read).
         Resuming with the last sequence processed loses and repeats nothing."""
         try:
-            self._principal(context, SCOPE_EVENTS_READ)
+            self._authority.authorize_grpc(context, SCOPE_EVENTS_READ)
             if request.after_sequence > MAX_SEQUENCE:
                 raise InvalidArgument([FieldViolation("after_sequence", "must be at most 2^63-1")])
         except BossError as error:

@@ -162,11 +162,6 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self._event_log = event_log
         self._authority = authority
 
-    def _principal(self, context: grpc.aio.ServicerContext, scope: str) -> Principal:
-        principal = self._authority.verify_grpc(context)
-        principal.require(scope)
-        return principal
-
     def _owner(self, principal: Principal, requested: str) -> str:
         """The owner a call acts for (see the module docstring)."""
         if principal.kind == "client":
@@ -183,7 +178,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self, request: pb.RegisterThreadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterThreadResponse:
         """Registers (or refreshes) a thread seen by a worker."""
-        principal = self._principal(context, SCOPE_THREADS_REGISTER)
+        principal = self._authority.authorize_grpc(context, SCOPE_THREADS_REGISTER)
         principal.require_worker(request.worker_id, request.node_id)
         registration = Registration(
             thread_id=request.thread_id,
@@ -206,7 +201,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self, request: pb.ArchiveThreadRequest, context: grpc.aio.ServicerContext
     ) -> pb.ArchiveThreadResponse:
         """Archives a thread."""
-        principal = self._principal(context, SCOPE_CONVERSATIONS_WRITE)
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_WRITE)
         thread = await self._handlers.archive_thread(
             self._owner(principal, request.owner_id), request.thread_id
         )
@@ -217,7 +212,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self, request: pb.ListConversationsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListConversationsResponse:
         """The home list."""
-        principal = self._principal(context, SCOPE_CONVERSATIONS_READ)
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_READ)
         rows, token = await self._handlers.list_conversations(
             self._owner(principal, request.owner_id), request.page_size, request.page_token
         )
@@ -230,7 +225,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self, request: pb.GetProjectRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetProjectResponse:
         """The project detail."""
-        principal = self._principal(context, SCOPE_CONVERSATIONS_READ)
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_READ)
         detail = await self._handlers.get_project(
             self._owner(principal, request.owner_id), request.project_id
         )
@@ -241,7 +236,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self, request: pb.GetThreadContextBudgetRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetThreadContextBudgetResponse:
         """The thread page."""
-        principal = self._principal(context, SCOPE_CONVERSATIONS_READ)
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_READ)
         view = await self._handlers.get_thread_budget(
             self._owner(principal, request.owner_id), request.thread_id
         )
@@ -252,7 +247,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self, request: pb.SetConversationPinnedRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetConversationPinnedResponse:
         """Pins or unpins a conversation."""
-        principal = self._principal(context, SCOPE_CONVERSATIONS_WRITE)
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_WRITE)
         row = await self._handlers.set_pinned(
             self._owner(principal, request.owner_id), request.project_id, request.pinned
         )
@@ -263,7 +258,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self, request: pb.RenameProjectRequest, context: grpc.aio.ServicerContext
     ) -> pb.RenameProjectResponse:
         """Renames a project."""
-        principal = self._principal(context, SCOPE_CONVERSATIONS_WRITE)
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_WRITE)
         row = await self._handlers.rename_project(
             self._owner(principal, request.owner_id), request.project_id, request.title
         )
@@ -274,7 +269,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self, request: pb.CreateGroupProjectRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateGroupProjectResponse:
         """Creates a group project."""
-        principal = self._principal(context, SCOPE_CONVERSATIONS_WRITE)
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_WRITE)
         detail = await self._handlers.create_group(
             self._owner(principal, request.owner_id), request.title, list(request.thread_ids)
         )
@@ -285,7 +280,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self, request: pb.AddMessageRequest, context: grpc.aio.ServicerContext
     ) -> pb.AddMessageResponse:
         """Stores a message."""
-        principal = self._principal(context, SCOPE_CONVERSATIONS_WRITE)
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_WRITE)
         row = await self._handlers.add_message(
             self._owner(principal, request.owner_id),
             request.project_id,
@@ -300,7 +295,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self, request: pb.ListMessagesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListMessagesResponse:
         """A project's messages."""
-        principal = self._principal(context, SCOPE_CONVERSATIONS_READ)
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_READ)
         rows, token = await self._handlers.list_messages(
             self._owner(principal, request.owner_id),
             request.project_id,
@@ -314,7 +309,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self, request: pb.ListEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListEventsResponse:
         """One page of committed events after `after_sequence`, filtered by owner."""
-        principal = self._principal(context, SCOPE_EVENTS_READ)
+        principal = self._authority.authorize_grpc(context, SCOPE_EVENTS_READ)
         if request.page_size < 0:
             raise InvalidArgument([FieldViolation("page_size", "must not be negative")])
         owner = self._stream_owner(principal, request.owner_id)
@@ -333,7 +328,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
     ) -> AsyncIterator[pb.WatchEventsResponse]:
         """Committed events after `after_sequence` (or the head), then live ones, filtered by owner."""
         try:
-            principal = self._principal(context, SCOPE_EVENTS_READ)
+            principal = self._authority.authorize_grpc(context, SCOPE_EVENTS_READ)
         except BossError as error:
             await context.abort_with_status(grpc_status_of(error))
             return

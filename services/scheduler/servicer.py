@@ -230,13 +230,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self._handlers = handlers
         self._authority = authority
 
-    def _principal(self, context: grpc.aio.ServicerContext, scope: str) -> Principal:
-        principal = self._authority.verify_grpc(context)
-        principal.require(scope)
-        return principal
-
     def _worker(self, context: grpc.aio.ServicerContext, worker_id: str, node_id: str) -> Principal:
-        principal = self._principal(context, SCOPE_HANDOFF_WRITE)
+        principal = self._authority.authorize_grpc(context, SCOPE_HANDOFF_WRITE)
         principal.require_worker(worker_id, node_id)
         return principal
 
@@ -245,7 +240,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.RankThreadsRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.RankThreadsResponse:
         """Ranked threads with reasons, and the strategy summary (CB-17)."""
-        self._principal(context, SCOPE_SCHEDULER_READ)
+        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ)
         ranked, summary = await self._handlers.rank(request.project_id, max(0, request.limit))
         response = scheduler_pb2.RankThreadsResponse(strategy_summary=summary)
         for item in ranked:
@@ -266,7 +261,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.ChooseThreadForWorkRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ChooseThreadForWorkResponse:
         """The best thread for new work, or new_thread_needed."""
-        self._principal(context, SCOPE_SCHEDULER_READ)
+        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ)
         choice = await self._handlers.choose_thread(request.project_id, frozenset(request.exclude_thread_ids))
         return scheduler_pb2.ChooseThreadForWorkResponse(
             thread_id=choice.thread_id, new_thread_needed=choice.new_thread_needed, reason=choice.reason
@@ -277,7 +272,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.GetThreadScheduleRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.GetThreadScheduleResponse:
         """One thread's scheduling view."""
-        self._principal(context, SCOPE_SCHEDULER_READ)
+        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ)
         state, package = await self._handlers.thread_schedule(request.thread_id)
         return scheduler_pb2.GetThreadScheduleResponse(thread_schedule=schedule_message(state, package))
 
@@ -286,7 +281,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.SetMustFinishBeforeCompactionRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.SetMustFinishBeforeCompactionResponse:
         """The master's CB-8 flag."""
-        self._principal(context, SCOPE_SCHEDULER_ADMIN)
+        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_ADMIN)
         state = await self._handlers.set_must_finish(
             request.thread_id, request.must_finish_before_compaction, request.reason
         )
@@ -299,7 +294,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.SetThreadWorkFactsRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.SetThreadWorkFactsResponse:
         """The ranking's task facts."""
-        self._principal(context, SCOPE_SCHEDULER_ADMIN)
+        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_ADMIN)
         state = await self._handlers.set_work_facts(
             request.thread_id,
             request.task_importance,
@@ -315,7 +310,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.GetHandoffPackageRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.GetHandoffPackageResponse:
         """One package."""
-        self._principal(context, SCOPE_SCHEDULER_READ)
+        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ)
         package = await self._handlers.package(request.handoff_package_id)
         return scheduler_pb2.GetHandoffPackageResponse(handoff_package=package_message(package))
 
@@ -324,7 +319,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.ListHandoffPackagesRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ListHandoffPackagesResponse:
         """A thread's packages, newest first."""
-        self._principal(context, SCOPE_SCHEDULER_READ)
+        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ)
         packages = await self._handlers.packages_of_thread(request.thread_id)
         return scheduler_pb2.ListHandoffPackagesResponse(
             handoff_packages=[package_message(p) for p in packages]
@@ -382,7 +377,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.ListHandoffAlertsRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ListHandoffAlertsResponse:
         """handoff_missing alerts."""
-        self._principal(context, SCOPE_SCHEDULER_READ)
+        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ)
         alerts = await self._handlers.alerts(request.thread_id, request.project_id, request.open_only)
         return scheduler_pb2.ListHandoffAlertsResponse(alerts=[alert_message(a) for a in alerts])
 
@@ -404,7 +399,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> AsyncIterator[scheduler_pb2.WatchEventsResponse]:
         """The scheduler's event stream, resumable by sequence."""
         try:
-            self._principal(context, SCOPE_EVENTS_READ)
+            self._authority.authorize_grpc(context, SCOPE_EVENTS_READ)
         except BossError as error:
             await context.abort_with_status(grpc_status_of(error))
             return

@@ -203,6 +203,13 @@ class TokenAuthority:
         metadata = dict(context.invocation_metadata() or ())
         return self.verify_header(metadata.get("authorization"))
 
+    def authorize_grpc(self, context: grpc.aio.ServicerContext, scope: str) -> Principal:
+        """The caller of a gRPC call, who must carry `scope`. Raises Unauthenticated (no or bad
+        token) or PermissionDenied (scope missing)."""
+        principal = self.verify_grpc(context)
+        principal.require(scope)
+        return principal
+
 
 def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
     """gRPC call metadata carrying `token`."""
