@@ -80,7 +80,10 @@ def test_invalid_policies_name_every_bad_threshold(
 
 
 def test_a_safe_threshold_of_exactly_100_is_allowed() -> None:
-    validate_policy(ThresholdPolicy("p", 100, 99.5, 0.5))
+    policy = ThresholdPolicy("p", 100, 99.5, 0.5)
+    validate_policy(policy)  # raises InvalidArgument when the policy is refused
+    assert classify(100.0, policy) == SAFE
+    assert classify(99.9, policy) == WATCH
 
 
 def test_master_actions_per_level_follow_cb7_and_the_seed_example() -> None:

@@ -84,7 +84,8 @@ def test_budget_must_be_a_finite_percentage(value: float) -> None:
 
 @pytest.mark.parametrize("value", [0.0, 100.0, 24.999])
 def test_budget_bounds_are_inclusive(value: float) -> None:
-    validate_snapshot(make_input(context_budget_remaining_pct=value), now=NOW, prefix="s")
+    snapshot = validate_snapshot(make_input(context_budget_remaining_pct=value), now=NOW, prefix="s")
+    assert snapshot.context_budget_remaining_pct == value
 
 
 def test_unknown_enum_numbers_are_rejected_not_raised() -> None:
