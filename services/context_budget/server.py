@@ -33,7 +33,6 @@ from services.context_budget.batcher import IngestBatcher
 from services.context_budget.domain.alerts import DEFAULT_COMPACTION_RISK_HORIZON
 from services.context_budget.domain.ingest import IngestOutcome
 from services.context_budget.domain.model import Snapshot
-from services.context_budget.domain.paging import PageTokenCodec
 from services.context_budget.handlers import ContextBudgetHandlers
 from services.context_budget.servicer import ContextBudgetServicer
 from services.shared.auth import TokenAuthority
@@ -42,6 +41,7 @@ from services.shared.db import Database
 from services.shared.grpc_server import ServiceHost
 from services.shared.migrations import upgrade_database
 from services.shared.outbox import EventLog
+from services.shared.paging import PageTokenCodec
 from services.shared.time import utc_now
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,6 @@ from services.context_budget.adapters.protobuf import (
 from services.context_budget.batcher import IngestBatcher
 from services.context_budget.domain.ingest import IngestOutcome
 from services.context_budget.domain.model import AlertStatus, Snapshot
-from services.context_budget.domain.paging import PageTokenCodec, fingerprint, page_size_of
 from services.context_budget.domain.validation import (
     check_identifier,
     validate_batch_size,
@@ -62,6 +61,7 @@ from services.shared.errors import BossError, FieldViolation, InvalidArgument, g
 from services.shared.event_stream import watch_events
 from services.shared.grpc_server import translate_errors
 from services.shared.outbox import EventLog
+from services.shared.paging import PageTokenCodec, fingerprint, page_size_of
 
 log = logging.getLogger(__name__)
 

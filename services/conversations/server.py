@@ -32,6 +32,7 @@ from services.shared.event_stream import EventConsumer
 from services.shared.grpc_server import ServiceHost
 from services.shared.migrations import upgrade_database
 from services.shared.outbox import EventLog
+from services.shared.paging import PageTokenCodec
 from services.shared.telemetry import configure_telemetry, instrument_engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -132,10 +133,12 @@ def build_app(
     context_budget_stream: Callable[[int], AsyncIterator[events_pb2.EventEnvelope]] | None = None,
     scheduler_stream: Callable[[int], AsyncIterator[events_pb2.EventEnvelope]] | None = None,
     owner_id: str = "local",
+    page_tokens: PageTokenCodec | None = None,
 ) -> ConversationsApp:
-    """Wires the service on an open (migrated) database. Streams left None are not followed."""
+    """Wires the service on an open (migrated) database. Streams left None are not followed;
+    `page_tokens` signs page tokens (see ConversationsHandlers)."""
     event_log = EventLog(database, metadata)
-    handlers = ConversationsHandlers(database, event_log, default_owner_id=owner_id)
+    handlers = ConversationsHandlers(database, event_log, default_owner_id=owner_id, page_tokens=page_tokens)
     consumers: list[EventConsumer] = []
     if context_budget_stream is not None:
         consumers.append(
@@ -182,5 +185,6 @@ async def serve() -> None:
         context_budget_stream=context_budget_opener(config.service_address("context_budget"), token),
         scheduler_stream=scheduler_stream,
         owner_id=default_owner_id(),
+        page_tokens=PageTokenCodec(settings.auth_secret, "conversations"),
     )
     await app.host(settings.listen).run()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,7 +72,6 @@ from services.conversations.domain.model import (
     threads_requiring_handoff,
     wrap_up_checklist,
 )
-from services.conversations.domain.paging import decode_page_token, encode_page_token
 from services.conversations.domain.validation import (
     check_group_threads,
     check_id,
@@ -81,8 +81,9 @@ from services.conversations.domain.validation import (
     raise_if_any,
 )
 from services.shared.db import Database
-from services.shared.errors import FieldViolation, NotFound
+from services.shared.errors import FieldViolation, InvalidArgument, NotFound
 from services.shared.outbox import EventLog, NewEvent, StoredEvent
+from services.shared.paging import PageTokenCodec, fingerprint
 from services.shared.time import isoformat_utc, utc_now
 
 log = logging.getLogger(__name__)
@@ -252,10 +253,19 @@ class ConversationsHandlers:
         default_owner_id: the owner of threads registered without one (and of auto-imported threads).
     """
 
-    def __init__(self, database: Database, event_log: EventLog, default_owner_id: str = "local") -> None:
+    def __init__(
+        self,
+        database: Database,
+        event_log: EventLog,
+        default_owner_id: str = "local",
+        page_tokens: PageTokenCodec | None = None,
+    ) -> None:
+        """`page_tokens` signs page tokens; without one, a codec with a random key is used (tokens
+        then do not survive a restart: `serve()` passes one keyed by the auth secret)."""
         self.database = database
         self.event_log = event_log
         self.default_owner_id = default_owner_id
+        self.page_tokens = page_tokens or PageTokenCodec(secrets.token_urlsafe(32), "conversations")
 
     # --- writes -------------------------------------------------------------------------------------
 
@@ -565,14 +575,17 @@ class ConversationsHandlers:
         violations: list[FieldViolation] = []
         size = check_page_size(page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, violations)
         after: SortKey | None = None
+        filters = fingerprint("conversations", owner)
         if page_token:
             try:
-                pinned, sort_at, project_id = decode_page_token(page_token, "conversations", owner, 3)
-                after = SortKey(bool(pinned), datetime.fromisoformat(str(sort_at)), str(project_id))
+                pinned, sort_at, project_id = self.page_tokens.decode(page_token, filters)
+                after = SortKey(pinned == "1", datetime.fromisoformat(sort_at), project_id)
                 if after.sort_at.tzinfo is None:
                     raise ValueError("naive time")
-            except (ValueError, TypeError) as error:
-                violations.append(FieldViolation("page_token", str(error) or "invalid page token"))
+            except InvalidArgument as error:
+                violations.extend(error.violations)
+            except ValueError:
+                violations.append(FieldViolation("page_token", "is malformed"))
         raise_if_any(violations)
         async with self.database.read() as connection:
             repository = SqlAlchemyConversationsRepository(connection)
@@ -581,11 +594,12 @@ class ConversationsHandlers:
         if len(rows) > size:
             rows = rows[:size]
             last = rows[-1]
-            next_token = encode_page_token(
-                "conversations",
-                owner,
-                [bool(last["manual_pinned"]), last["sort_at"].isoformat(), last["project_id"]],
-            )
+            position = [
+                "1" if last["manual_pinned"] else "0",
+                last["sort_at"].isoformat(),
+                last["project_id"],
+            ]
+            next_token = self.page_tokens.encode(position, filters)
         return rows, next_token
 
     async def get_project(self, owner: str, project_id: str) -> ProjectDetailView:
@@ -620,12 +634,15 @@ class ConversationsHandlers:
         violations: list[FieldViolation] = []
         size = check_page_size(page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, violations)
         after_id = 0
+        filters = fingerprint("messages", project_id, owner)
         if page_token:
             try:
-                (after_id,) = decode_page_token(page_token, f"messages:{project_id}", owner, 1)
-                after_id = int(after_id)
-            except (ValueError, TypeError) as error:
-                violations.append(FieldViolation("page_token", str(error)))
+                (position,) = self.page_tokens.decode(page_token, filters)
+                after_id = int(position)
+            except InvalidArgument as error:
+                violations.extend(error.violations)
+            except ValueError:
+                violations.append(FieldViolation("page_token", "is malformed"))
         raise_if_any(violations)
         async with self.database.read() as connection:
             repository = SqlAlchemyConversationsRepository(connection)
@@ -634,7 +651,7 @@ class ConversationsHandlers:
         next_token = ""
         if len(rows) > size:
             rows = rows[:size]
-            next_token = encode_page_token(f"messages:{project_id}", owner, [int(rows[-1]["id"])])
+            next_token = self.page_tokens.encode([str(rows[-1]["id"])], filters)
         return rows, next_token
 
     async def _owned_project(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.context_budget.domain.paging import PageTokenCodec, fingerprint, page_size_of
 from services.shared.errors import InvalidArgument
+from services.shared.paging import PageTokenCodec, fingerprint, page_size_of
 
 
 def test_page_size_defaults_and_caps() -> None:
@@ -49,3 +49,18 @@ def test_token_for_other_filters_is_rejected() -> None:
     with pytest.raises(InvalidArgument) as raised:
         codec.decode(token, fingerprint("threads", "p2", []))
     assert "different filters" in raised.value.violations[0].description
+
+
+def test_a_token_is_bound_to_its_service_and_its_owner_filters() -> None:
+    """Conversations binds the home list's tokens to the owner through the filters fingerprint, and
+    each service signs with its own key: neither another owner's nor another service's token works."""
+    conversations = PageTokenCodec("the-shared-auth-secret-of-this-installation", "conversations")
+    context_budget = PageTokenCodec("the-shared-auth-secret-of-this-installation", "context_budget")
+    mine = fingerprint("conversations", "local")
+    token = conversations.encode(["1", "2026-03-25T01:00:00+00:00", "proj-1"], mine)
+
+    assert conversations.decode(token, mine) == ["1", "2026-03-25T01:00:00+00:00", "proj-1"]
+    with pytest.raises(InvalidArgument, match="different filters"):
+        conversations.decode(token, fingerprint("conversations", "mallory"))
+    with pytest.raises(InvalidArgument, match="not a page token issued by this service"):
+        context_budget.decode(token, mine)

@@ -1,4 +1,4 @@
-"""AIP-158 pagination: page sizes and opaque, tamper-proof page tokens.
+"""AIP-158 pagination shared by every service: page sizes and opaque, tamper-proof page tokens.
 
 A token is base64url(JSON {"c": cursor, "f": filter fingerprint}) followed by "." and a truncated
 HMAC-SHA256 of that text. The cursor is the sort key of the last item served; the fingerprint binds
@@ -42,10 +42,16 @@ def fingerprint(*parts: str | Sequence[str]) -> str:
 
 
 class PageTokenCodec:
-    """Signs and checks page tokens with a key derived from the service's secret."""
+    """Signs and checks page tokens with a key derived from the service's secret.
 
-    def __init__(self, secret: str) -> None:
-        self._key = hashlib.sha256(b"boss.context_budget.page_token:" + secret.encode()).digest()
+    Args:
+        secret: the service's secret (the auth secret); tokens survive restarts as long as it does.
+        purpose: which service's tokens these are; a token made by one is refused by another.
+    """
+
+    def __init__(self, secret: str, purpose: str = "context_budget") -> None:
+        label = f"boss.{purpose}.page_token:".encode()
+        self._key = hashlib.sha256(label + secret.encode()).digest()
 
     def _mac(self, body: bytes) -> str:
         mac = hmac.new(self._key, body, hashlib.sha256).digest()[:_MAC_BYTES]
