@@ -370,8 +370,10 @@ class HopProbe:
                 after_sequence=self.budget_head, types=["thread.context.updated"]
             )
             async for response in stub.WatchEvents(request, metadata=self.metadata):
-                if response.event.thread_id.startswith("bench-"):
-                    self.arrivals["context_budget"].setdefault(response.event.thread_id, time.perf_counter())
+                arrived = time.perf_counter()
+                for event in response.events:
+                    if event.thread_id.startswith("bench-"):
+                        self.arrivals["context_budget"].setdefault(event.thread_id, arrived)
 
     async def _follow_conversations(self) -> None:
         address = f"127.0.0.1:{self.ports['CONVERSATIONS']}"
@@ -381,7 +383,9 @@ class HopProbe:
                 from_head=True, owner_id="local", types=["conversation.context_indicator.updated"]
             )
             async for response in stub.WatchEvents(request, metadata=self.metadata):
-                self.arrivals["conversations"].setdefault(response.event.thread_id, time.perf_counter())
+                arrived = time.perf_counter()
+                for event in response.events:
+                    self.arrivals["conversations"].setdefault(event.thread_id, arrived)
 
     def forget(self, thread_id: str) -> None:
         """Clears the thread's arrivals before a new report."""

@@ -170,9 +170,12 @@ class Upstream(context_budget_pb2_grpc.ContextBudgetServiceServicer):
     async def WatchEvents(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         cursor = request.after_sequence
         while True:
-            while cursor < len(self.events):
-                yield context_budget_pb2.WatchEventsResponse(event=self.events[cursor])
-                cursor += 1
+            if cursor < len(self.events):
+                # Runs of up to 500, as services/shared/outbox.py FOLLOW_BATCH_LIMIT serves them.
+                run = self.events[cursor : cursor + 500]
+                yield context_budget_pb2.WatchEventsResponse(events=run)
+                cursor += len(run)
+                continue
             self._grown.clear()
             await self._grown.wait()
 

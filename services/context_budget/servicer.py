@@ -409,8 +409,9 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
     async def WatchEvents(
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchEventsResponse]:
-        """Committed events with sequence > after_sequence, then live ones (events:read).
-        Resuming with the last sequence processed loses and repeats nothing."""
+        """Committed events with sequence > after_sequence, then live ones (events:read), in runs
+        of up to 500 per response. Resuming with the last sequence processed loses and repeats
+        nothing."""
         try:
             self._authority.authorize_grpc(context, SCOPE_EVENTS_READ)
             if request.after_sequence > MAX_SEQUENCE:
@@ -418,5 +419,5 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         except BossError as error:
             await context.abort_with_status(grpc_status_of(error))
             return
-        async for envelope in watch_events(self._event_log, request.after_sequence, list(request.types)):
-            yield pb.WatchEventsResponse(event=envelope)
+        async for envelopes in watch_events(self._event_log, request.after_sequence, list(request.types)):
+            yield pb.WatchEventsResponse(events=envelopes)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from services.conversations.servicer import SERVICE_NAME, ConversationsServicer
 from services.shared import config
 from services.shared.auth import TokenAuthority, bearer_metadata
 from services.shared.db import Database
-from services.shared.event_stream import EventConsumer
+from services.shared.event_stream import EventConsumer, StreamOpener
 from services.shared.grpc_server import ServiceHost
 from services.shared.migrations import upgrade_database
 from services.shared.outbox import EventLog
@@ -58,9 +58,7 @@ def default_owner_id() -> str:
     return os.environ.get("BOSS_DEFAULT_OWNER_ID") or "local"
 
 
-def context_budget_opener(
-    address: str, token: str
-) -> Callable[[int], AsyncIterator[events_pb2.EventEnvelope]]:
+def context_budget_opener(address: str, token: str) -> StreamOpener:
     """Opens context_budget's WatchEvents after a sequence, on one channel kept for the process.
 
     Asks only for the types the projection applies (CONTEXT_BUDGET_TYPES): context_budget also
@@ -71,30 +69,30 @@ def context_budget_opener(
     channel = grpc.aio.insecure_channel(address)
     stub = context_budget_pb2_grpc.ContextBudgetServiceStub(channel)
 
-    async def open_stream(after: int) -> AsyncIterator[events_pb2.EventEnvelope]:
+    async def open_stream(after: int) -> AsyncIterator[Sequence[events_pb2.EventEnvelope]]:
         call = stub.WatchEvents(
             context_budget_pb2.WatchEventsRequest(after_sequence=after, types=CONTEXT_BUDGET_TYPES),
             metadata=bearer_metadata(token),
         )
         async for response in call:
-            yield response.event
+            yield response.events
 
     return open_stream
 
 
-def scheduler_opener(address: str, token: str) -> Callable[[int], AsyncIterator[events_pb2.EventEnvelope]]:
+def scheduler_opener(address: str, token: str) -> StreamOpener:
     """Opens the scheduler's WatchEvents after a sequence (imported lazily: optional contract)."""
     from boss.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
     channel = grpc.aio.insecure_channel(address)
     stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
 
-    async def open_stream(after: int) -> AsyncIterator[events_pb2.EventEnvelope]:
+    async def open_stream(after: int) -> AsyncIterator[Sequence[events_pb2.EventEnvelope]]:
         call = stub.WatchEvents(
             scheduler_pb2.WatchEventsRequest(after_sequence=after), metadata=bearer_metadata(token)
         )
         async for response in call:
-            yield response.event
+            yield response.events
 
     return open_stream
 
@@ -130,8 +128,8 @@ def build_app(
     database: Database,
     authority: TokenAuthority,
     *,
-    context_budget_stream: Callable[[int], AsyncIterator[events_pb2.EventEnvelope]] | None = None,
-    scheduler_stream: Callable[[int], AsyncIterator[events_pb2.EventEnvelope]] | None = None,
+    context_budget_stream: StreamOpener | None = None,
+    scheduler_stream: StreamOpener | None = None,
     owner_id: str = "local",
     page_tokens: PageTokenCodec | None = None,
 ) -> ConversationsApp:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -66,7 +66,7 @@ def budget_stream_opener(address: str, token: str) -> StreamOpener:
     """A StreamOpener for EventConsumer: context_budget's WatchEvents after a sequence, only
     `thread.context.updated` (the other budget events carry nothing the scheduler needs)."""
 
-    async def open_stream(after_sequence: int) -> AsyncIterator[events_pb2.EventEnvelope]:
+    async def open_stream(after_sequence: int) -> AsyncIterator[Sequence[events_pb2.EventEnvelope]]:
         async with grpc.aio.insecure_channel(address) as channel:
             stub = context_budget_pb2_grpc.ContextBudgetServiceStub(channel)
             call = stub.WatchEvents(
@@ -74,7 +74,7 @@ def budget_stream_opener(address: str, token: str) -> StreamOpener:
                 metadata=bearer_metadata(token),
             )
             async for response in call:
-                yield response.event
+                yield response.events
 
     return open_stream
 

@@ -397,13 +397,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def WatchEvents(
         self, request: scheduler_pb2.WatchEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[scheduler_pb2.WatchEventsResponse]:
-        """The scheduler's event stream, resumable by sequence."""
+        """The scheduler's event stream, resumable by sequence, in runs of up to 500 events per
+        response."""
         try:
             self._authority.authorize_grpc(context, SCOPE_EVENTS_READ)
         except BossError as error:
             await context.abort_with_status(grpc_status_of(error))
             return
-        async for envelope in watch_events(
+        async for envelopes in watch_events(
             self._handlers.event_log, request.after_sequence, list(request.types)
         ):
-            yield scheduler_pb2.WatchEventsResponse(event=envelope)
+            yield scheduler_pb2.WatchEventsResponse(events=envelopes)

@@ -1,7 +1,8 @@
 """Event streams between contexts: the server side of `WatchEvents`, and a durable consumer.
 
-Publisher: `watch_events()` turns a service's `EventLog` into `EventEnvelope` messages for its
-`WatchEvents(after_sequence)` RPC.
+Publisher: `watch_events()` turns a service's `EventLog` into runs of `EventEnvelope`s for its
+`WatchEvents(after_sequence)` RPC: one response carries every event one read of the outbox found
+(up to 500), so per-message gRPC work is paid per burst, not per event.
 
 Consumer: `EventConsumer` follows another context's stream and applies events in batches; each batch
 is applied in one transaction of the consumer's own database *together with* the stored cursor
@@ -31,6 +32,7 @@ import json
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
 import grpc
 from boss.common.v1 import events_pb2
@@ -80,15 +82,17 @@ def from_envelope(envelope: events_pb2.EventEnvelope) -> StoredEvent:
 
 async def watch_events(
     event_log: EventLog, after_sequence: int, types: Sequence[str] = ()
-) -> AsyncIterator[events_pb2.EventEnvelope]:
-    """Envelopes for every event after `after_sequence`, backlog first, then live, until the caller
-    stops (the RPC is cancelled)."""
-    async for stored in event_log.follow(after_sequence, types):
-        yield to_envelope(stored)
+) -> AsyncIterator[list[events_pb2.EventEnvelope]]:
+    """Runs of envelopes (one `WatchEventsResponse` each) for every event after `after_sequence`,
+    backlog first, then live, until the caller stops (the RPC is cancelled). A run is what one read
+    of the outbox found (at most `FOLLOW_BATCH_LIMIT` events), so a burst committed together costs
+    one message instead of one per event."""
+    async for batch in event_log.follow_batches(after_sequence, types):
+        yield [to_envelope(stored) for stored in batch]
 
 
 BatchHandler = Callable[[AsyncConnection, list[StoredEvent]], Awaitable[list[NewEvent]]]
-StreamOpener = Callable[[int], AsyncIterator[events_pb2.EventEnvelope]]
+StreamOpener = Callable[[int], AsyncIterator[Sequence[events_pb2.EventEnvelope]]]
 
 
 class EventConsumer:
@@ -98,7 +102,8 @@ class EventConsumer:
         stream_name: the cursor's key in `event_cursors`, e.g. "context_budget".
         database: this service's database.
         cursors: this service's `event_cursors` table.
-        open_stream: opens the upstream `WatchEvents` after a sequence, yielding envelopes.
+        open_stream: opens the upstream `WatchEvents` after a sequence, yielding runs of envelopes
+            (the `events` of each response).
         handle: applies a batch inside the given transaction and returns events to publish from
             this service's own outbox (written in the same transaction).
         event_log: this service's outbox, when handlers publish events.
@@ -214,36 +219,25 @@ class EventConsumer:
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 10.0)
 
-    def _drain(
-        self, queue: asyncio.Queue[StoredEvent | BaseException], batch: list[StoredEvent]
-    ) -> BaseException | None:
-        """Moves queued events into `batch` up to batch_size; returns a queued failure, if any."""
-        while len(batch) < self._batch_size and not queue.empty():
-            item = queue.get_nowait()
-            if isinstance(item, BaseException):
-                return item
-            batch.append(item)
-        return None
+    def _drain(self, inbox: _Inbox, batch: list[StoredEvent]) -> BaseException | None:
+        """Moves waiting events into `batch` up to batch_size; returns a queued failure, if any."""
+        return inbox.take(batch, self._batch_size)
 
-    async def _settle(
-        self, queue: asyncio.Queue[StoredEvent | BaseException], batch: list[StoredEvent]
-    ) -> BaseException | None:
+    async def _settle(self, inbox: _Inbox, batch: list[StoredEvent]) -> BaseException | None:
         """Takes what arrives without waiting: yields to the loop while that grows the batch."""
         for _ in range(SETTLE_YIELDS):
             if len(batch) >= self._batch_size:
                 return None
             seen = len(batch)
             await asyncio.sleep(0)
-            failure = self._drain(queue, batch)
+            failure = self._drain(inbox, batch)
             if failure is not None:
                 return failure
             if len(batch) == seen:
                 return None
         return None
 
-    async def _linger_for_more(
-        self, queue: asyncio.Queue[StoredEvent | BaseException], batch: list[StoredEvent]
-    ) -> BaseException | None:
+    async def _linger_for_more(self, inbox: _Inbox, batch: list[StoredEvent]) -> BaseException | None:
         """The batch-filling window of a busy stream (module docstring)."""
         if self._linger <= 0:
             return None
@@ -252,7 +246,7 @@ class EventConsumer:
         while len(batch) < self._batch_size and loop.time() < deadline:
             seen = len(batch)
             await asyncio.sleep(self._linger)
-            failure = self._drain(queue, batch)
+            failure = self._drain(inbox, batch)
             if failure is not None:
                 return failure
             if len(batch) == seen:
@@ -261,33 +255,75 @@ class EventConsumer:
 
     async def _follow_once(self) -> None:
         cursor = await self.load_cursor()
-        queue: asyncio.Queue[StoredEvent | BaseException] = asyncio.Queue(maxsize=self._batch_size * 4)
+        inbox = _Inbox(asyncio.Queue(maxsize=INBOX_RUNS))
 
         async def read() -> None:
             try:
-                async for envelope in self._open_stream(cursor):
-                    await queue.put(from_envelope(envelope))
-                await queue.put(ConnectionError(f"{self.stream_name} stream ended"))
+                async for envelopes in self._open_stream(cursor):
+                    await inbox.queue.put([from_envelope(envelope) for envelope in envelopes])
+                await inbox.queue.put(ConnectionError(f"{self.stream_name} stream ended"))
             except BaseException as error:  # handed to the applier, which re-raises it
-                await queue.put(error)
+                await inbox.queue.put(error)
 
         reader = asyncio.create_task(read())
         busy = False
         try:
             while True:
-                first = await queue.get()
-                if isinstance(first, BaseException):
-                    raise first
-                batch = [first]
-                failure = self._drain(queue, batch)
+                batch: list[StoredEvent] = []
+                failure = await inbox.wait(batch, self._batch_size)
                 if failure is None:
+                    failure = self._drain(inbox, batch)
+                if failure is None and batch:
                     linger = self._linger_for_more if busy else self._settle
-                    failure = await linger(queue, batch)
-                await self.apply(batch)
+                    failure = await linger(inbox, batch)
+                if batch:
+                    await self.apply(batch)
                 if failure is not None:
                     raise failure
-                busy = not queue.empty()
+                busy = inbox.waiting()
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
+
+
+# Runs (WatchEvents responses) the reader may queue ahead of the applier.
+INBOX_RUNS = 8
+
+
+@dataclass
+class _Inbox:
+    """What the reader has received and the applier not yet taken: whole runs in `queue` (or a
+    failure to re-raise), and the rest of a run that did not fit the previous batch in `carry`."""
+
+    queue: asyncio.Queue[list[StoredEvent] | BaseException]
+    carry: list[StoredEvent] = field(default_factory=list)
+
+    def waiting(self) -> bool:
+        """Whether events are waiting (the consumer is behind)."""
+        return bool(self.carry) or not self.queue.empty()
+
+    async def wait(self, batch: list[StoredEvent], limit: int) -> BaseException | None:
+        """Waits for at least one event (unless some are carried) and moves up to `limit` into
+        `batch`; returns a failure the reader queued instead, if that came first."""
+        if not self.carry:
+            item = await self.queue.get()
+            if isinstance(item, BaseException):
+                return item
+            self.carry = item
+        return self.take(batch, limit)
+
+    def take(self, batch: list[StoredEvent], limit: int) -> BaseException | None:
+        """Moves waiting events into `batch` until it holds `limit`; returns a queued failure."""
+        while len(batch) < limit:
+            if not self.carry:
+                if self.queue.empty():
+                    return None
+                item = self.queue.get_nowait()
+                if isinstance(item, BaseException):
+                    return item
+                self.carry = item
+            room = limit - len(batch)
+            batch.extend(self.carry[:room])
+            self.carry = self.carry[room:]
+        return None

@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 SEQUENCER_POLL_SECONDS = 0.1
 # Appends of at least this many events use binary COPY on PostgreSQL.
 COPY_THRESHOLD = 8
+# Most events one `follow_batches` run (and so one WatchEvents response) carries.
+FOLLOW_BATCH_LIMIT = 500
 _APPEND_COLUMNS = (
     "sequence",
     "event_type",
@@ -343,17 +345,30 @@ class EventLog:
             await asyncio.wait_for(changed.wait(), timeout)
         return changed.is_set() or self.last_sequence > sequence
 
-    async def follow(
-        self, after_sequence: int, types: Sequence[str] = (), poll_seconds: float = 0.5
-    ) -> AsyncIterator[StoredEvent]:
-        """Yields every event after `after_sequence`: the backlog first, then live ones as they are
-        sequenced. Never skips and never repeats. Runs until the consumer stops iterating."""
+    async def follow_batches(
+        self,
+        after_sequence: int,
+        types: Sequence[str] = (),
+        poll_seconds: float = 0.5,
+        limit: int = FOLLOW_BATCH_LIMIT,
+    ) -> AsyncIterator[list[StoredEvent]]:
+        """Yields every event after `after_sequence` in runs (never empty, in sequence order, at
+        most `limit` each): the backlog first, then live ones as they are sequenced; one run is what
+        one read found, so events committed together arrive together. Never skips and never
+        repeats. Runs until the consumer stops iterating."""
         cursor = after_sequence
         while True:
-            batch = await self.read_after(cursor, types=types)
+            batch = await self.read_after(cursor, limit=limit, types=types)
             if not batch:
                 await self.wait_beyond(max(cursor, self.last_sequence), poll_seconds)
                 continue
+            yield batch
+            cursor = batch[-1].sequence
+
+    async def follow(
+        self, after_sequence: int, types: Sequence[str] = (), poll_seconds: float = 0.5
+    ) -> AsyncIterator[StoredEvent]:
+        """`follow_batches`, one event at a time."""
+        async for batch in self.follow_batches(after_sequence, types, poll_seconds):
             for stored in batch:
                 yield stored
-            cursor = batch[-1].sequence

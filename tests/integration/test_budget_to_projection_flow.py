@@ -252,7 +252,8 @@ async def collect_stream(flow: Flow) -> None:
         conv_pb.WatchEventsRequest(after_sequence=0), metadata=flow.client()
     )
     async for response in call:
-        flow.stream.append((response.event.type, json.loads(response.event.payload_json)))
+        for event in response.events:
+            flow.stream.append((event.type, json.loads(event.payload_json)))
 
 
 async def collect_commands(flow: Flow) -> None:

@@ -194,7 +194,8 @@ class EventHub:
                     pb.WatchEventsRequest(after_sequence=self.position), metadata=bearer_metadata(self._token)
                 )
                 async for response in call:
-                    self.publish(hub_event(response.event))
+                    for envelope in response.events:
+                        self.publish(hub_event(envelope))
                     delay = 0.2
             except asyncio.CancelledError:
                 raise

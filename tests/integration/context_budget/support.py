@@ -110,9 +110,11 @@ async def read_events(
 
     async def collect() -> None:
         async for response in call:
-            event = response.event
-            events.append((event.sequence, event.type, json.loads(event.payload_json)))
-            if len(events) == count:
+            assert response.events, "a WatchEvents response is never empty"
+            for event in response.events:
+                events.append((event.sequence, event.type, json.loads(event.payload_json)))
+            if len(events) >= count:
+                del events[count:]
                 return
 
     try:

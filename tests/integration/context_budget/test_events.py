@@ -169,7 +169,7 @@ async def test_events_name_their_subjects_on_the_envelope(
 ) -> None:
     await report(stub, tokens.worker, snapshot(pct=80))
     call = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=0), metadata=auth(tokens.client))
-    envelope = (await call.read()).event
+    envelope = (await call.read()).events[0]
     call.cancel()
     assert (envelope.sequence, envelope.type) == (1, "thread.context.updated")
     assert (envelope.thread_id, envelope.project_id, envelope.node_id) == ("thread-abc", "proj-001", "mac-01")

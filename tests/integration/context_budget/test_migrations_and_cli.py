@@ -87,7 +87,7 @@ async def test_state_and_event_sequence_survive_a_restart(database_target: Datab
             assert newer.context_budget_level == pb.CONTEXT_BUDGET_LEVEL_SAFE
             client = first.authority.issue_client("owner")
             call = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=3), metadata=auth(client))
-            resumed = (await call.read()).event
+            resumed = (await call.read()).events[0]
             call.cancel()
     finally:
         await second.stop(grace=0.2)

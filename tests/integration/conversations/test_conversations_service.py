@@ -427,7 +427,7 @@ async def test_watch_events_streams_live_and_resumes_without_gaps(stack: Stack) 
     async def watch(after: int, count: int) -> None:
         call = stack.stub.WatchEvents(pb.WatchEventsRequest(after_sequence=after), metadata=stack.client())
         async for response in call:
-            received.append(response.event.sequence)
+            received.extend(event.sequence for event in response.events)
             if len(received) >= count:
                 call.cancel()
                 return

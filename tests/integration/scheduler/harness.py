@@ -85,9 +85,11 @@ class BudgetStreamStandIn(context_budget_pb2_grpc.ContextBudgetServiceServicer):
         self.opened_after.append(request.after_sequence)
         cursor = request.after_sequence
         while True:
-            while cursor < len(self.events):
-                yield context_budget_pb2.WatchEventsResponse(event=self.events[cursor])
-                cursor += 1
+            if cursor < len(self.events):
+                run = self.events[cursor : cursor + 500]
+                yield context_budget_pb2.WatchEventsResponse(events=run)
+                cursor += len(run)
+                continue
             async with self._grown:
                 await self._grown.wait_for(lambda position=cursor: len(self.events) > position)
 

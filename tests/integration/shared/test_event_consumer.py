@@ -17,6 +17,10 @@ from services.shared.outbox import NewEvent, StoredEvent, define_outbox_tables
 from tests.conftest import DatabaseTarget
 
 
+# Events per upstream response: neither a divisor nor a multiple of the consumer's batch size (200).
+RUN = 70
+
+
 class Upstream:
     """A stream stand-in: yields published envelopes after the requested sequence, then waits."""
 
@@ -34,14 +38,16 @@ class Upstream:
             )
         self.grown.set()
 
-    async def open(self, after_sequence: int) -> AsyncIterator[events_pb2.EventEnvelope]:
+    async def open(self, after_sequence: int) -> AsyncIterator[list[events_pb2.EventEnvelope]]:
+        """Runs of up to RUN envelopes, as WatchEvents responses carry them (a run does not line
+        up with the consumer's batches, so runs are split across transactions)."""
         cursor = after_sequence
         while True:
             while cursor < len(self.envelopes):
-                yield self.envelopes[cursor]
-                cursor += 1
-                if cursor % 10 == 0:
-                    await asyncio.sleep(0)
+                run = self.envelopes[cursor : cursor + RUN]
+                yield run
+                cursor += len(run)
+                await asyncio.sleep(0)
             self.grown.clear()
             await self.grown.wait()
 
