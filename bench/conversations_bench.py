@@ -33,11 +33,15 @@ What it does, in one run (about two minutes on a 2-core machine):
    `StreamThreadContext` call and sends `--background-rate` snapshots/s (default 1,000) in messages
    of `--background-batch` snapshots (default 10, i.e. 100 messages/s: a worker sends what is due
    together), open loop on a fixed schedule, round-robin over the 1,000 background threads with a
-   new reading each time. The background owner is not the SSE clients' owner, so the clients do
-   not receive its events (each would otherwise get ~2,000 events/s); every service still does all
-   of its work (context_budget stores and publishes, conversations projects and publishes, the
-   gateway hub receives every event). The load generator reports its achieved rate and ack
-   latency.
+   new reading each time. `--background-shape drift` (default) moves each thread's percent the way
+   a working Codex thread's budget moves: down by 0.1-0.6 points per reading, back up to ~90 after
+   a compaction once it falls under 5 (a level change on ~1 reading in 40). `churn` (the shape of
+   the runs before 2026-11-30 03:00) jumps 10 points per reading, so most readings change level and
+   open or resolve alerts: a worst case for context_budget's event count. The background owner is
+   not the SSE clients' owner, so the clients do not receive its events (each would otherwise get
+   ~2,000 events/s); every service still does all of its work (context_budget stores and
+   publishes, conversations projects and publishes, the gateway hub receives every event). The load
+   generator reports its achieved rate and ack latency.
 
 Results: a table on stdout and bench/output/conversations.json. Run:
 
@@ -81,6 +85,8 @@ PROJECTS = 1_000
 WORKER, NODE = "worker-bench", "node-bench"
 BACKGROUND_WORKER, BACKGROUND_NODE = "worker-background", "node-background"
 BACKGROUND_OWNER, BACKGROUND_PREFIX = "bench-background", "background-"
+BACKGROUND_SHAPES = ("drift", "churn")
+BACKGROUND_PHASES = ("grpc_bg_1", "grpc_bg_1000", "grpc_bg_1_hops", "rest_bg_1")
 
 
 def free_port() -> int:
@@ -605,11 +611,23 @@ def busy_cores_since(before: tuple[float, float]) -> float:
 # Background load generator (its own process: `python -m bench.conversations_bench load ...`).
 
 
+def background_percent(shape: str, reading: int, previous: float | None) -> float:
+    """The next percent of a background thread (module docstring, point 5): `reading` counts every
+    snapshot sent so far, `previous` is the thread's last percent (None before its first)."""
+    if shape == "churn":
+        return 5 + reading * 0.37 % 90
+    if previous is None:
+        return 20 + reading * 7 % 75
+    following = previous - (0.1 + reading * 0.13 % 0.5)
+    return 90.0 if following < 5 else following
+
+
 async def generate_load(
-    address: str, token: str, rate: float, batch: int, threads: int, output: Path
+    address: str, token: str, rate: float, batch: int, threads: int, output: Path, shape: str = "drift"
 ) -> None:
     """Sends `rate` snapshots/s in messages of `batch` on one StreamThreadContext call, open loop on
-    a fixed schedule, until SIGTERM; then writes its statistics (JSON) to `output`."""
+    a fixed schedule, until SIGTERM; then writes its statistics (JSON) to `output`. `shape`: how
+    each thread's percent moves (`background_percent`)."""
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     reporter = StreamReporter(address, token)
@@ -619,6 +637,7 @@ async def generate_load(
     sent_messages = 0
     behind_max = 0.0
     version = 0
+    percents: dict[int, float] = {}
     while not stop.is_set():
         due = started + sent_messages * period
         now = time.perf_counter()
@@ -628,22 +647,27 @@ async def generate_load(
             continue
         behind_max = max(behind_max, now - due)
         version += 1
-        snapshots = [
-            grpc_snapshot(
-                f"{BACKGROUND_PREFIX}{(sent_messages * batch + i) % threads:04d}",
-                5 + (sent_messages * batch + i) * 0.37 % 90,
-                node_id=BACKGROUND_NODE,
-                worker_id=BACKGROUND_WORKER,
-                version=version,
+        snapshots = []
+        for i in range(batch):
+            reading = sent_messages * batch + i
+            thread = reading % threads
+            percents[thread] = background_percent(shape, reading, percents.get(thread))
+            snapshots.append(
+                grpc_snapshot(
+                    f"{BACKGROUND_PREFIX}{thread:04d}",
+                    percents[thread],
+                    node_id=BACKGROUND_NODE,
+                    worker_id=BACKGROUND_WORKER,
+                    version=version,
+                )
             )
-            for i in range(batch)
-        ]
         acks.append(await reporter.send(snapshots, due))
         sent_messages += 1
     elapsed = time.perf_counter() - started
     done = [a.result() for a in acks if a.done() and not a.cancelled()]
     await reporter.close()
     stats = {
+        "shape": shape,
         "offered_snapshots_per_second": rate,
         "snapshots_per_message": batch,
         "seconds": round(elapsed, 1),
@@ -661,7 +685,9 @@ async def generate_load(
 class BackgroundLoad:
     """Runs the load generator process for the phases that need it."""
 
-    def __init__(self, ports: dict[str, int], authority: TokenAuthority, rate: float, batch: int) -> None:
+    def __init__(
+        self, ports: dict[str, int], authority: TokenAuthority, rate: float, batch: int, shape: str
+    ) -> None:
         self.output = OUTPUT / "conversations-run" / "background.json"
         self.output.unlink(missing_ok=True)
         self._process = subprocess.Popen(
@@ -682,6 +708,8 @@ class BackgroundLoad:
                 str(PROJECTS),
                 "--output",
                 str(self.output),
+                "--shape",
+                shape,
             ],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'gen'}"},
@@ -790,12 +818,20 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
         results["grpc_idle_1"] = await bench_sse(base_url, ports, authority, 1, transport="grpc", **common)
         results["grpc_idle_1"]["machine_busy_cores"] = busy_cores_since(before)
         save(results)
-        load = BackgroundLoad(ports, authority, arguments.background_rate, arguments.background_batch)
+        load = BackgroundLoad(
+            ports,
+            authority,
+            arguments.background_rate,
+            arguments.background_batch,
+            arguments.background_shape,
+        )
         await asyncio.sleep(3)
         results["projection_lag_events_after_3s"] = projection_lag(arguments.postgres)
         pids = {name: process.pid for name, process in processes.items()}
         cores = ProcessCores({**pids, "load_generator": load.pid, "benchmark": os.getpid()})
         for name, clients, transport in (("grpc_bg_1", 1, "grpc"), ("grpc_bg_1000", 1000, "grpc")):
+            if name not in arguments.phases:
+                continue
             before = machine_cpu_seconds()
             cores.start()
             results[name] = await bench_sse(
@@ -805,27 +841,29 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
             results[name]["process_cores"] = cores.read()
             results[name]["projection_lag_events_at_end"] = projection_lag(arguments.postgres)
             save(results)
-        probe = HopProbe(ports, authority, budget_head(arguments.postgres))
-        await probe.start()
-        try:
+        if "grpc_bg_1_hops" in arguments.phases:
+            probe = HopProbe(ports, authority, budget_head(arguments.postgres))
+            await probe.start()
+            try:
+                before = machine_cpu_seconds()
+                cores.start()
+                results["grpc_bg_1_hops"] = await bench_sse(
+                    base_url, ports, authority, 1, transport="grpc", probe=probe, **common
+                )
+                results["grpc_bg_1_hops"]["machine_busy_cores"] = busy_cores_since(before)
+                results["grpc_bg_1_hops"]["process_cores"] = cores.read()
+                results["grpc_bg_1_hops"]["projection_lag_events_at_end"] = projection_lag(arguments.postgres)
+                save(results)
+            finally:
+                await probe.stop()
+        if "rest_bg_1" in arguments.phases:
             before = machine_cpu_seconds()
             cores.start()
-            results["grpc_bg_1_hops"] = await bench_sse(
-                base_url, ports, authority, 1, transport="grpc", probe=probe, **common
-            )
-            results["grpc_bg_1_hops"]["machine_busy_cores"] = busy_cores_since(before)
-            results["grpc_bg_1_hops"]["process_cores"] = cores.read()
-            results["grpc_bg_1_hops"]["projection_lag_events_at_end"] = projection_lag(arguments.postgres)
+            results["rest_bg_1"] = await bench_sse(base_url, ports, authority, 1, transport="rest", **common)
+            results["rest_bg_1"]["machine_busy_cores"] = busy_cores_since(before)
+            results["rest_bg_1"]["process_cores"] = cores.read()
+            results["rest_bg_1"]["projection_lag_events_at_end"] = projection_lag(arguments.postgres)
             save(results)
-        finally:
-            await probe.stop()
-        before = machine_cpu_seconds()
-        cores.start()
-        results["rest_bg_1"] = await bench_sse(base_url, ports, authority, 1, transport="rest", **common)
-        results["rest_bg_1"]["machine_busy_cores"] = busy_cores_since(before)
-        results["rest_bg_1"]["process_cores"] = cores.read()
-        results["rest_bg_1"]["projection_lag_events_at_end"] = projection_lag(arguments.postgres)
-        save(results)
         results["background_load"] = load.stop()
         load = None
         results["load_average_at_end"] = os.getloadavg()[0]
@@ -854,10 +892,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         loader.add_argument("--batch", type=int, required=True)
         loader.add_argument("--threads", type=int, required=True)
         loader.add_argument("--output", type=Path, required=True)
+        loader.add_argument("--shape", choices=BACKGROUND_SHAPES, default="drift")
         options = loader.parse_args(arguments_list[1:])
         asyncio.run(
             generate_load(
-                options.address, options.token, options.rate, options.batch, options.threads, options.output
+                options.address,
+                options.token,
+                options.rate,
+                options.batch,
+                options.threads,
+                options.output,
+                options.shape,
             )
         )
         return 0
@@ -873,6 +918,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--background-batch", type=int, default=10, help="background snapshots per message (default 10)"
+    )
+    parser.add_argument(
+        "--phases",
+        type=lambda text: [name for name in text.split(",") if name],
+        default=list(BACKGROUND_PHASES),
+        help=f"background phases to run, comma-separated (default all: {','.join(BACKGROUND_PHASES)})",
+    )
+    parser.add_argument(
+        "--background-shape",
+        choices=BACKGROUND_SHAPES,
+        default="drift",
+        help="how background percents move: drift (default, like a working thread) or churn (worst case)",
     )
     parser.add_argument(
         "--quiet-wait",

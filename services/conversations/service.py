@@ -28,7 +28,7 @@ import json
 import logging
 import secrets
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -676,7 +676,7 @@ class ConversationsHandlers:
         return self._detail_of(project, await repository.member_threads(project["project_id"]))
 
     @staticmethod
-    def _detail_of(project: Row, member_rows: list[Row]) -> ProjectDetailView:
+    def _detail_of(project: Row, member_rows: Sequence[Mapping[Any, Any]]) -> ProjectDetailView:
         """The project's detail from its member thread rows (archived ones are left out)."""
         members = [view_of(row) for row in member_rows if row["archived_at"] is None]
         return ProjectDetailView(
@@ -720,7 +720,12 @@ class ConversationsHandlers:
         if not latest:
             return []
         repository = SqlAlchemyConversationsRepository(connection)
-        known = await repository.threads_by_id(latest)
+        memberships = await repository.members_of_projects_of_threads(latest)
+        known: dict[str, Row] = {
+            row["thread_id"]: row for _project, row in memberships if row["thread_id"] in latest
+        }
+        if len(known) < len(latest):  # threads in no project yet, or never registered
+            known.update(await repository.threads_by_id([t for t in latest if t not in known]))
         unknown = [thread_id for thread_id in latest if thread_id not in known]
         for thread_id in unknown:
             payload = latest[thread_id][0].payload
@@ -734,7 +739,9 @@ class ConversationsHandlers:
             await self._register(connection, registration, latest[thread_id][0].occurred_at)
         if unknown:
             known.update(await repository.threads_by_id(unknown))
+            memberships = await repository.members_of_projects_of_threads(latest)
         updates: list[tuple[str, dict[str, Any]]] = []
+        written: dict[str, dict[str, Any]] = {}
         changed: dict[str, dict[str, Any]] = {}
         for thread_id, (event, budget) in latest.items():
             thread = dict(known[thread_id])
@@ -748,8 +755,11 @@ class ConversationsHandlers:
             if columns:
                 thread.update(columns)
                 updates.append((thread_id, columns))
+                written[thread_id] = thread
         await repository.update_threads(updates)
-        return await self._publish_thread_changes(repository, changed)
+        # The memberships were read before the update: the rows written here replace theirs.
+        current = [(project_id, written.get(row["thread_id"], row)) for project_id, row in memberships]
+        return await self._publish_thread_changes(repository, changed, current)
 
     async def _publish_thread_change(
         self, repository: SqlAlchemyConversationsRepository, thread_id: str
@@ -760,18 +770,24 @@ class ConversationsHandlers:
         return await self._publish_thread_changes(repository, {thread_id: dict(thread)})
 
     async def _publish_thread_changes(
-        self, repository: SqlAlchemyConversationsRepository, changed: Mapping[str, Mapping[str, Any]]
+        self,
+        repository: SqlAlchemyConversationsRepository,
+        changed: Mapping[str, Mapping[str, Any]],
+        memberships: Sequence[tuple[str, Mapping[Any, Any]]] | None = None,
     ) -> list[NewEvent]:
         """Refreshes the rings showing the `changed` threads (their current rows, as just written)
         and emits, per thread in order, its indicator events (projects by id) and its projects'
-        risk events (unarchived projects by id). Three statements whatever the number of threads:
-        the members of their projects, those projects and the projects showing them, and one
-        (executemany) update of the rings."""
+        risk events (unarchived projects by id). At most three statements whatever the number of
+        threads: the members of their projects (unless the caller passes `memberships`, as
+        `members_of_projects_of_threads` returns them, with current rows), those projects and the
+        projects showing them, and one update of the rings."""
         if not changed:
             return []
-        members: dict[str, list[Row]] = {}
+        members: dict[str, list[Mapping[Any, Any]]] = {}
         projects_of_thread: dict[str, list[str]] = {thread_id: [] for thread_id in changed}
-        for project_id, row in await repository.members_of_projects_of_threads(changed):
+        if memberships is None:
+            memberships = await repository.members_of_projects_of_threads(changed)
+        for project_id, row in memberships:
             members.setdefault(project_id, []).append(row)
             if row["thread_id"] in projects_of_thread:
                 projects_of_thread[row["thread_id"]].append(project_id)
