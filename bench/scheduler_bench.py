@@ -120,14 +120,15 @@ def bench_ranking(runs: int) -> dict[str, Any]:
     }
 
 
-def budget_event(sequence: int, rng: random.Random) -> events_pb2.EventEnvelope:
-    """One `thread.context.updated` envelope; threads rotate over 2,000 ids and drift down in budget."""
-    thread = sequence % 2_000
-    step = sequence // 2_000
+def budget_payload(sequence: int, threads: int, rng: random.Random) -> dict[str, Any]:
+    """The payload of one `thread.context.updated` event as context_budget publishes it: thread
+    `sequence % threads` (in 200 projects), its budget falling about 7 points per pass over the
+    threads, so threads move through every level."""
+    thread = sequence % threads
+    step = sequence // threads
     pct = max(0.0, 95 - 7 * step + rng.uniform(-3, 3))
     level = "safe" if pct >= 60 else "watch" if pct >= 40 else "urgent" if pct >= 25 else "critical"
-    captured = NOW + timedelta(seconds=sequence)
-    payload = {
+    return {
         "thread_id": f"thread-{thread:05d}",
         "project_id": f"project-{thread % 200:03d}",
         "task_id": "",
@@ -141,14 +142,19 @@ def budget_event(sequence: int, rng: random.Random) -> events_pb2.EventEnvelope:
         "compaction_count": 0,
         "last_compaction_at": None,
         "snapshot_version": step + 1,
-        "captured_at": isoformat_utc(captured),
+        "captured_at": isoformat_utc(NOW + timedelta(seconds=sequence)),
         "last_total_tokens": 1000 * (step + 1),
         "codex_folder": "/repo",
     }
+
+
+def budget_event(sequence: int, rng: random.Random) -> events_pb2.EventEnvelope:
+    """One `thread.context.updated` envelope over 2,000 threads (`budget_payload`)."""
+    payload = budget_payload(sequence, 2_000, rng)
     return events_pb2.EventEnvelope(
         sequence=sequence,
         type="thread.context.updated",
-        occurred_at=to_timestamp(captured),
+        occurred_at=to_timestamp(NOW + timedelta(seconds=sequence)),
         thread_id=payload["thread_id"],
         project_id=payload["project_id"],
         node_id=payload["node_id"],

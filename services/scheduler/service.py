@@ -169,6 +169,7 @@ class SchedulerHandlers:
         self._clock = clock
         self.strategies = StrategyPublisher(database, event_log, self.repository, self.settings, clock)
         self._batch_projects: dict[str, bool] = {}
+        self._batch_states: list[ThreadState] = []
 
     # ---- consuming context_budget's stream -------------------------------------------------------
 
@@ -179,7 +180,7 @@ class SchedulerHandlers:
         are skipped), persisting states, packages, commands and alerts with one statement per kind;
         returns events to publish. The projects it changed are marked for the strategy publisher
         by `budget_batch_committed` once the consumer committed the batch."""
-        self._batch_projects = {}
+        self._batch_projects, self._batch_states = {}, []
         reports = [
             report for event in events if event.type == BUDGET_EVENT if (report := report_from_event(event))
         ]
@@ -217,16 +218,19 @@ class SchedulerHandlers:
         await self.repository.set_package_relays(connection, relays)
         await self.repository.save_threads(connection, list(changed.values()), now)
         await self.repository.insert_commands(connection, command_rows)
-        self._batch_projects = projects
+        self._batch_projects, self._batch_states = projects, list(changed.values())
         return published
 
     def budget_batch_committed(self) -> None:
-        """EventConsumer `after_commit` hook: hands the projects the committed batch changed to the
-        strategy publisher (urgent ones are recomputed at once)."""
+        """EventConsumer `after_commit` hook: hands the projects the committed batch changed, and its
+        threads' final states, to the strategy publisher (urgent projects are recomputed at once)."""
         projects, self._batch_projects = self._batch_projects, {}
+        states, self._batch_states = self._batch_states, []
         urgent = [project_id for project_id, is_urgent in projects.items() if is_urgent]
-        self.strategies.mark(urgent, urgent=True)
-        self.strategies.mark(project_id for project_id, is_urgent in projects.items() if not is_urgent)
+        self.strategies.mark(urgent, urgent=True, states=states)
+        self.strategies.mark(
+            (project_id for project_id, is_urgent in projects.items() if not is_urgent), states=()
+        )
 
     async def _persist_decision(
         self,
@@ -535,12 +539,15 @@ class SchedulerHandlers:
                     node_id=package.node_id,
                 )
             ]
+            saved = None
             if state is not None and state.current_package_id == package.handoff_package_id:
-                state = replace(state, current_package_status=PackageStatus.READY)
-                await self.repository.save_threads(connection, [state], now)
+                saved = replace(state, current_package_status=PackageStatus.READY)
+                await self.repository.save_threads(connection, [saved], now)
             await self.repository.resolve_alerts(connection, package.from_thread_id, now)
             await self.event_log.append(connection, events)
         self.event_log.kick()
+        if saved is not None:
+            self.strategies.update_states([saved])
         return package
 
     async def consume_package(self, handoff_package_id: str, consumed_by: str) -> HandoffPackage:
@@ -563,7 +570,7 @@ class SchedulerHandlers:
                 consumed_by_thread_id=consumed_by or package.to_thread_id,
             )
             await self.repository.save_package(connection, package)
-            await self._sync_thread_package(connection, package, now)
+            synced = await self._sync_thread_package(connection, package, now)
             await self.event_log.append(
                 connection,
                 [
@@ -577,23 +584,28 @@ class SchedulerHandlers:
                 ],
             )
         self.event_log.kick()
+        self.strategies.update_states(synced)
         return package
 
     async def expire_packages(self) -> int:
         """Expires every draft or ready package past its time to live; returns how many."""
         now = self._clock()
+        synced: list[ThreadState] = []
         async with self.database.transaction() as connection:
             expired = await self.repository.expirable_packages(connection, now)
             for package in expired:
-                await self._expire(connection, package)
+                synced += await self._expire(connection, package)
         if expired:
             self.event_log.kick()
+        self.strategies.update_states(synced)
         return len(expired)
 
-    async def _expire(self, connection: AsyncConnection, package: HandoffPackage) -> HandoffPackage:
+    async def _expire(self, connection: AsyncConnection, package: HandoffPackage) -> list[ThreadState]:
+        """Expires one package in the caller's transaction; returns the thread state it saved (at
+        most one)."""
         package = replace(package, package_status=PackageStatus.EXPIRED)
         await self.repository.save_package(connection, package)
-        await self._sync_thread_package(connection, package, self._clock())
+        synced = await self._sync_thread_package(connection, package, self._clock())
         await self.event_log.append(
             connection,
             [
@@ -606,16 +618,19 @@ class SchedulerHandlers:
                 )
             ],
         )
-        return package
+        return synced
 
     async def _sync_thread_package(
         self, connection: AsyncConnection, package: HandoffPackage, now: datetime
-    ) -> None:
+    ) -> list[ThreadState]:
+        """Copies the package's status onto its thread when it is the thread's current package;
+        returns the saved state (none or one), to hand to the strategy publisher after commit."""
         state = await self.repository.thread(connection, package.from_thread_id)
         if state is not None and state.current_package_id == package.handoff_package_id:
-            await self.repository.save_threads(
-                connection, [replace(state, current_package_status=package.package_status)], now
-            )
+            state = replace(state, current_package_status=package.package_status)
+            await self.repository.save_threads(connection, [state], now)
+            return [state]
+        return []
 
     # ---- worker commands -------------------------------------------------------------------------
 

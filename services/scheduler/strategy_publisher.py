@@ -17,6 +17,15 @@ Timing: a mark is published
 Under load many batches therefore share one recomputation per project. The set of dirty projects is
 in memory: at start every project is dirty, so a restart never leaves a summary stale. One
 publication runs at a time (an asyncio lock), so summaries are compared and recorded in order.
+
+Thread states: the publisher keeps the states of the projects it loaded (`threads_of_projects`, or
+every thread at start) and does not reload them on every recomputation. The budget consumer hands
+it each committed batch's final states with its marks (`mark(..., states=...)`), which replace the
+kept ones; a mark without states (a handler that changed threads some other way) drops the project's
+kept states, so it is reloaded from the database before its next recomputation, and so is any project
+whose states were loaded more than `RELOAD_SECONDS` ago (changes committed by another process of the
+scheduler, which never reach this one's marks, are seen within that time). A recomputation therefore
+sees the same committed states a reload would: its summaries and events are those of a reload.
 """
 
 from __future__ import annotations
@@ -28,7 +37,9 @@ import math
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
-from services.scheduler.adapters.repository import SqlAlchemySchedulerRepository
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.scheduler.adapters.repository import SqlAlchemySchedulerRepository, utc_state
 from services.scheduler.domain.model import SchedulerSettings, ThreadState
 from services.scheduler.domain.ranking import choose_thread_for_work, rank_threads, strategy_summary
 from services.shared.db import Database
@@ -40,6 +51,9 @@ STRATEGY_EVENT = "project.context_strategy.updated"
 
 # Seconds to wait before retrying after a failed publication (database unavailable).
 RETRY_SECONDS = 1.0
+
+# Kept thread states of a project older than this (seconds) are reloaded before its recomputation.
+RELOAD_SECONDS = 30.0
 
 
 class StrategyPublisher:
@@ -74,6 +88,16 @@ class StrategyPublisher:
         self._lock = asyncio.Lock()
         self._last_finished = -math.inf
         self.publications = 0
+        # Kept committed states of fully loaded projects: project_id -> thread_id -> state, when
+        # each project was loaded (loop time), and the project of every kept thread.
+        self._kept: dict[str, dict[str, ThreadState]] = {}
+        self._loaded_at: dict[str, float] = {}
+        self._project_of: dict[str, str] = {}
+        # While a load runs: the states handed in meanwhile (replayed over the loaded rows) and the
+        # projects dropped meanwhile (their loaded rows may predate the change: not kept).
+        self._loading = False
+        self._handed_while_loading: list[ThreadState] = []
+        self._dropped_while_loading: set[str] = set()
 
     @property
     def pending(self) -> bool:
@@ -85,15 +109,67 @@ class StrategyPublisher:
         """True when nothing is marked and no recomputation is running."""
         return not self.pending and not self._lock.locked()
 
-    def mark(self, project_ids: Iterable[str], urgent: bool = False) -> None:
+    def mark(
+        self,
+        project_ids: Iterable[str],
+        urgent: bool = False,
+        states: Iterable[ThreadState] | None = None,
+    ) -> None:
         """Marks projects dirty (call only after the transaction that changed them committed).
-        Threads with no project ("") have no strategy and are ignored."""
+        Threads with no project ("") have no strategy and are ignored.
+
+        Args:
+            project_ids: the projects the transaction changed (for a thread that moved, both).
+            urgent: recompute at the urgent interval (module docstring).
+            states: the final committed state of *every* thread the transaction changed, in
+                commit order: they replace the kept ones. None: the projects' kept states are
+                dropped and reloaded from the database before their next recomputation.
+        """
         ids = {project_id for project_id in project_ids if project_id}
+        if states is None:
+            self._drop(ids)
+        else:
+            self.update_states(states)
         if not ids:
             return
         self._dirty |= ids
         self._urgent = self._urgent or urgent
         self._wake.set()
+
+    def update_states(self, states: Iterable[ThreadState]) -> None:
+        """Replaces kept thread states with committed ones without marking anything (call only after
+        their transaction committed), for changes that no strategy depends on; see `mark`."""
+        states = [utc_state(state) for state in states]
+        if self._loading:
+            self._handed_while_loading.extend(states)
+        for state in states:
+            self._keep(state)
+
+    def _keep(self, state: ThreadState) -> None:
+        """Puts one committed state among the kept ones (moving it out of its previous project's);
+        a thread of a project that is not kept is not kept either (its project would be partial)."""
+        thread_id, project_id = state.thread_id, state.project_id
+        before = self._project_of.get(thread_id)
+        if before is not None and before != project_id:
+            kept_before = self._kept.get(before)
+            if kept_before is not None:
+                kept_before.pop(thread_id, None)
+            del self._project_of[thread_id]
+        kept = self._kept.get(project_id)
+        if kept is not None:
+            kept[thread_id] = state
+            self._project_of[thread_id] = project_id
+
+    def _drop(self, project_ids: Iterable[str]) -> None:
+        """Forgets the kept states of projects (reloaded before their next recomputation)."""
+        for project_id in project_ids:
+            if self._loading:
+                self._dropped_while_loading.add(project_id)
+            self._loaded_at.pop(project_id, None)
+            kept = self._kept.pop(project_id, None)
+            for thread_id in kept or ():
+                if self._project_of.get(thread_id) == project_id:
+                    del self._project_of[thread_id]
 
     async def flush(self) -> int:
         """Recomputes every dirty project now (whatever the intervals); returns how many
@@ -142,18 +218,11 @@ class StrategyPublisher:
                 self._wake.set()
 
     async def _publish(self, dirty: set[str], everything: bool) -> int:
-        """One transaction: the projects' threads, their summaries, the changed ones recorded and
-        published."""
+        """One transaction: the projects' threads (kept ones, else loaded), their summaries, the
+        changed ones recorded and published."""
         now = self._clock()
         async with self._database.transaction() as connection:
-            if everything:
-                by_project: dict[str, list[ThreadState]] = {}
-                for state in await self._repository.threads(connection):
-                    by_project.setdefault(state.project_id, []).append(state)
-                for project_id in dirty:
-                    by_project.setdefault(project_id, [])
-            else:
-                by_project = await self._repository.threads_of_projects(connection, dirty)
+            by_project = await self._states_of(connection, dirty, everything)
             by_project.pop("", None)
             if not by_project:
                 return 0
@@ -191,3 +260,44 @@ class StrategyPublisher:
         if events:
             self._event_log.kick()
         return len(events)
+
+    async def _states_of(
+        self, connection: AsyncConnection, dirty: set[str], everything: bool
+    ) -> dict[str, list[ThreadState]]:
+        """The committed thread states of the dirty projects (of every project when `everything`),
+        by project: the kept ones, after loading the projects not kept or kept too long."""
+        started = asyncio.get_running_loop().time()
+        oldest = started - RELOAD_SECONDS
+        by_project: dict[str, list[ThreadState]] = {}
+        missing: set[str] = set()
+        for project_id in dirty:
+            kept = self._kept.get(project_id)
+            if everything or kept is None or self._loaded_at[project_id] < oldest:
+                missing.add(project_id)
+            else:
+                by_project[project_id] = list(kept.values())
+        if not everything and not missing:
+            return by_project
+        self._loading, self._handed_while_loading, self._dropped_while_loading = True, [], set()
+        try:
+            if everything:
+                loaded: dict[str, list[ThreadState]] = {project_id: [] for project_id in missing}
+                for state in await self._repository.threads(connection):
+                    loaded.setdefault(state.project_id, []).append(state)
+            else:
+                loaded = await self._repository.threads_of_projects(connection, missing)
+        finally:
+            self._loading = False
+        handed, dropped = self._handed_while_loading, self._dropped_while_loading
+        self._handed_while_loading, self._dropped_while_loading = [], set()
+        for project_id, states in loaded.items():
+            by_project[project_id] = states
+            if project_id and project_id not in dropped:
+                self._drop([project_id])
+                self._kept[project_id] = {}
+                self._loaded_at[project_id] = started
+                for state in states:
+                    self._keep(state)
+        for state in handed:
+            self._keep(state)
+        return by_project

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import BigInteger, Boolean, Float, Integer, and_, bindparam, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -104,14 +104,65 @@ def _iso(value: datetime | None) -> str | None:
     """`value` as ISO 8601 text in UTC; ValueError for a naive datetime (as UtcDateTime refuses one)."""
     if value is None:
         return None
+    if value.tzinfo is UTC:
+        return value.isoformat()
     if value.tzinfo is None:
         raise ValueError("naive datetime: pass a timezone-aware UTC datetime")
     return value.astimezone(UTC).isoformat()
 
 
+def _pg_cast(column: Any) -> str:
+    """The cast of a text value to `column`'s PostgreSQL type; none for strings (the INSERT's
+    assignment then checks their length, as for any insert)."""
+    kind = column.type
+    if isinstance(kind, UtcDateTime):
+        return "::timestamptz"
+    if isinstance(kind, BigInteger):
+        return "::bigint"
+    if isinstance(kind, Integer):
+        return "::integer"
+    if isinstance(kind, Float):
+        return "::float8"
+    if isinstance(kind, Boolean):
+        return "::boolean"
+    return ""
+
+
+def _json_array_upsert(table: Any, keys: Sequence[str]) -> str:
+    """PostgreSQL: one upsert (on `keys`) of many rows of every column of `table`, passed as one JSON
+    array of arrays (values in column order; parameter `rows`). Like `_json_insert`, but the rows
+    carry no column names, which halves their encoding cost."""
+    columns = list(table.columns)
+    names = ", ".join(f'"{column.name}"' for column in columns)
+    values = ", ".join(f"(item->>{index}){_pg_cast(column)}" for index, column in enumerate(columns))
+    updates = ", ".join(
+        f'"{column.name}" = EXCLUDED."{column.name}"' for column in columns if column.name not in keys
+    )
+    return (
+        f'INSERT INTO "{table.name}" ({names}) SELECT {values} '
+        f"FROM jsonb_array_elements(%(rows)s::jsonb) AS item "
+        f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}"
+    )
+
+
 _STATE_TIMES = tuple(
     column.name for column in scheduled_threads.columns if isinstance(column.type, UtcDateTime)
 )
+_STATE_FIELD_TIMES = tuple(name for name in _STATE_TIMES if name in ThreadState.__dataclass_fields__)
+
+# PostgreSQL: at most this many thread states written by this process are kept (then all forgotten).
+MAX_WRITTEN_STATES = 200_000
+
+
+def utc_state(state: ThreadState) -> ThreadState:
+    """`state` with every datetime in UTC (`datetime.UTC`), as a read of its stored row returns it:
+    the same object when they already are (the usual case)."""
+    changes = {}
+    for name in _STATE_FIELD_TIMES:
+        value = getattr(state, name)
+        if value is not None and value.tzinfo is not UTC:
+            changes[name] = value.astimezone(UTC)
+    return replace(state, **changes) if changes else state
 
 
 def _state_row(state: ThreadState, now: datetime) -> dict[str, Any]:
@@ -155,6 +206,54 @@ def _state_row(state: ThreadState, now: datetime) -> dict[str, Any]:
         "commands_sent": ",".join(sorted(state.commands_sent)),
         "updated_at": now,
     }
+
+
+def _state_values(state: ThreadState, now: str | None) -> list[Any]:
+    """`_state_row` as a list in `scheduled_threads` column order with datetimes as ISO 8601 UTC text
+    (`now`: updated_at, already as text), for `_json_array_upsert`."""
+    level = state.level
+    status = state.current_package_status
+    return [
+        state.thread_id,
+        state.project_id,
+        state.task_id,
+        state.node_id,
+        state.worker_id,
+        state.codex_folder,
+        level.value if level is not None else None,
+        state.remaining_pct,
+        state.reported_must_finish,
+        state.reported_must_finish_reason,
+        state.master_must_finish,
+        state.master_must_finish_reason,
+        _iso(state.compaction_expected_at),
+        state.compaction_count,
+        _iso(state.last_compaction_at),
+        state.snapshot_version,
+        _iso(state.captured_at),
+        state.last_total_tokens,
+        _iso(state.last_activity_at),
+        state.task_importance,
+        state.unsolidified_patch,
+        state.unsolidified_test_results,
+        state.hardware_test_in_progress,
+        state.busy,
+        state.no_large_context_appends,
+        state.finish_current_subtask,
+        state.context_growth_frozen,
+        state.relay_thread_id,
+        state.current_package_id,
+        status.value if status else None,
+        state.package_epoch,
+        state.epoch,
+        _iso(state.prepare_issued_at),
+        state.prepare_issued_at_critical,
+        ",".join(sorted(state.commands_sent)),
+        now,
+    ]
+
+
+_UPSERT_THREADS = _json_array_upsert(scheduled_threads, ("thread_id",))
 
 
 def _state_of(row: Any) -> ThreadState:
@@ -312,6 +411,12 @@ class SqlAlchemySchedulerRepository:
     def __init__(self, dialect: str) -> None:
         """`dialect`: 'sqlite' or 'postgresql' (chooses the upsert form)."""
         self._dialect = dialect
+        # PostgreSQL: the thread states this repository wrote, by thread_id, with the id of the
+        # transaction that wrote them (the row's `xmin`). A read whose row still carries that xmin
+        # returns the kept state instead of converting the row again: any later write of the row,
+        # by whichever process, gives it another xmin, and a rolled-back write leaves the older
+        # version (another xmin) in place, so a kept state is returned only while it is the row.
+        self._written: dict[str, tuple[str, ThreadState]] = {}
 
     async def threads_by_id(
         self, connection: AsyncConnection, thread_ids: Iterable[str]
@@ -321,12 +426,35 @@ class SqlAlchemySchedulerRepository:
         if not ids:
             return {}
         if self._dialect == "postgresql":
-            found = await self._threads_where_postgresql(connection, "thread_id", ids)
-            return {state.thread_id: state for state in found}
+            return await self._threads_by_id_postgresql(connection, ids)
         rows = await connection.execute(
             select(scheduled_threads).where(scheduled_threads.c.thread_id.in_(ids))
         )
         return {row["thread_id"]: _state_of(row) for row in rows.mappings()}
+
+    async def _threads_by_id_postgresql(
+        self, connection: AsyncConnection, ids: list[str]
+    ) -> dict[str, ThreadState]:
+        """`threads_by_id` on PostgreSQL: the rows' transaction ids first; only rows this repository
+        did not write in that version are read whole and converted."""
+        rows = await connection.exec_driver_sql(
+            f'SELECT thread_id, xmin::text FROM "{scheduled_threads.name}" '
+            "WHERE thread_id = ANY(%(values)s::text[])",
+            {"values": ids},
+        )
+        written = self._written
+        found: dict[str, ThreadState] = {}
+        unknown = []
+        for thread_id, version in rows.all():
+            known = written.get(thread_id)
+            if known is not None and known[0] == version:
+                found[thread_id] = known[1]
+            else:
+                unknown.append(thread_id)
+        if unknown:
+            for state in await self._threads_where_postgresql(connection, "thread_id", unknown):
+                found[state.thread_id] = state
+        return found
 
     async def _threads_where_postgresql(
         self, connection: AsyncConnection, column: str, values: list[str]
@@ -366,10 +494,25 @@ class SqlAlchemySchedulerRepository:
         """Upserts thread states (one executemany)."""
         if not states:
             return
-        rows = [_state_row(state, now) for state in states]
         if self._dialect == "postgresql":
-            await self._insert_json(connection, scheduled_threads, rows, ("thread_id",))
+            stamp = _iso(now)
+            result = await connection.exec_driver_sql(
+                f"WITH written AS ({_UPSERT_THREADS} RETURNING xmin) SELECT DISTINCT xmin::text FROM written",
+                {"rows": json.dumps([_state_values(state, stamp) for state in states])},
+            )
+            versions = [version for (version,) in result.all()]
+            written = self._written
+            if len(written) + len(states) > MAX_WRITTEN_STATES:
+                written.clear()
+            if len(versions) == 1:
+                version = versions[0]
+                for state in states:
+                    written[state.thread_id] = (version, utc_state(state))
+            else:
+                for state in states:
+                    written.pop(state.thread_id, None)
             return
+        rows = [_state_row(state, now) for state in states]
         await connection.execute(_upsert_many(self._dialect, scheduled_threads, rows[0], ["thread_id"]), rows)
 
     async def threads_of_projects(

@@ -16,7 +16,6 @@ from services.shared.event_stream import EventConsumer
 from services.shared.outbox import NewEvent, StoredEvent, define_outbox_tables
 from tests.conftest import DatabaseTarget
 
-
 # Events per upstream response: neither a divisor nor a multiple of the consumer's batch size (200).
 RUN = 70
 
