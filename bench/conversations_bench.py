@@ -74,7 +74,12 @@ from boss.conversations.v1 import conversations_pb2_grpc as pb_grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy import create_engine, text
 
-from bench.ingest_bench import machine_cpu_seconds, process_cpu_seconds, wait_for_quiet
+from bench.ingest_bench import (
+    machine_cpu_seconds,
+    process_cpu_seconds,
+    python_speed_reference,
+    wait_for_quiet,
+)
 from services.shared.auth import TokenAuthority, bearer_metadata
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -807,6 +812,7 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
         await register_background(f"127.0.0.1:{ports['CONVERSATIONS']}", authority)
         results: dict[str, Any] = {
             "background_busy_cores_before_run": background,
+            "python_speed_reference_ms": python_speed_reference(),
             "load_average_at_start": os.getloadavg()[0],
             "seed_seconds": round(time.perf_counter() - started, 1),
         }

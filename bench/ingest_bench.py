@@ -338,6 +338,25 @@ def other_context_budget_processes() -> list[int]:
     return found
 
 
+def python_speed_reference() -> float:
+    """Milliseconds one core of this machine takes for a fixed pure-Python workload (a loop of
+    integer additions and JSON round trips of a snapshot-sized dict; the best of three). Recorded
+    with every benchmark so that runs on machines of different speed can be compared: the services'
+    costs scale with it, and it varied by more than 2x between machines of the same kind."""
+    document = {"thread_id": "thread-00001", "context_budget_remaining_pct": 41.5, "level": "watch"}
+    document |= {f"field_{index}": index * 1.5 for index in range(20)}
+    best = math.inf
+    for _ in range(3):
+        started = time.perf_counter()
+        total = 0
+        for value in range(1_000_000):
+            total += value
+        for _ in range(10_000):
+            json.loads(json.dumps(document))
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 1)
+
+
 async def wait_for_quiet(max_wait: float, threshold: float = QUIET_CORES) -> float:
     """Waits (at most `max_wait` seconds) for a second in which other programs keep fewer than
     `threshold` cores busy and no other context_budget service runs, so nothing shares the 2 cores
@@ -1448,6 +1467,7 @@ async def run(config: BenchConfig) -> dict[str, Any]:
             "config": asdict(config),
             "schema_reset": f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE before the run",
             "background_busy_cores_before_run": background_cores,
+            "python_speed_reference_ms": python_speed_reference(),
             "other_context_budget_processes_at_start": others_at_start,
             "phases": {name: asdict(phase) for name, phase in phases.items()},
             "rss_mb": rss_timeline,

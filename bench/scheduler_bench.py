@@ -51,7 +51,7 @@ from boss.common.v1 import events_pb2
 from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
 from sqlalchemy import create_engine, text
 
-from bench.ingest_bench import wait_for_quiet
+from bench.ingest_bench import python_speed_reference, wait_for_quiet
 from services.scheduler import server as scheduler_server
 from services.scheduler.domain.model import Level, ThreadState
 from services.scheduler.domain.ranking import choose_thread_for_work, rank_threads, strategy_summary
@@ -315,6 +315,7 @@ async def bench_consumption(url: str, backlog: int, rate: int, seconds: float) -
     return {
         "database": url.split("@")[-1],
         "background_busy_cores_before_run": background,
+        "python_speed_reference_ms": python_speed_reference(),
         "backlog_events": backlog,
         "backlog_events_per_second": round(backlog / backlog_seconds),
         "backlog_events_per_transaction": round(backlog / max(1, backlog_batches), 1),

@@ -152,7 +152,12 @@ async def _stop_when(stop: asyncio.Event, server: uvicorn.Server) -> None:
 
 
 def _instrument(app: FastAPI) -> None:
-    """Adds OpenTelemetry HTTP spans (gRPC client spans come from configure_telemetry)."""
+    """Adds OpenTelemetry HTTP spans when traces are exported (gRPC client spans come from
+    configure_telemetry)."""
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
+    from services.shared.telemetry import tracing_enabled
+
+    if not tracing_enabled():
+        return
     FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz")

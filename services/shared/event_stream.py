@@ -87,7 +87,7 @@ async def watch_events(
     backlog first, then live, until the caller stops (the RPC is cancelled). A run is what one read
     of the outbox found (at most `FOLLOW_BATCH_LIMIT` events), so a burst committed together costs
     one message instead of one per event."""
-    async for batch in event_log.follow_batches(after_sequence, types):
+    async for batch in event_log.follow_batches(after_sequence, types, decode=False):
         yield [to_envelope(stored) for stored in batch]
 
 

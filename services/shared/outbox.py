@@ -15,7 +15,7 @@ Consumers read `sequence > after_sequence` in order (`EventLog.read_after`), or 
 live (`EventLog.follow`), which replays the backlog and then waits for newly committed events.
 Waking followers: `kick()` (called by a writer of this process after its commit) wakes them at
 once, without a database read: its events are visible by then, and the followers re-read. The
-notifier (`run_notifier`) also reads the committed high-water mark, on every kick and every 100 ms,
+notifier (`run_notifier`) also reads the committed high-water mark every 100 ms,
 which is what wakes followers for events committed by other processes of the same service.
 """
 
@@ -144,7 +144,6 @@ class EventLog:
         self._database = database
         self._events = metadata.tables["outbox_events"]
         self._sequencer = metadata.tables["outbox_sequencer"]
-        self._wake_sequencer = asyncio.Event()
         self._changed = asyncio.Event()
         self.last_sequence = 0
 
@@ -251,8 +250,8 @@ class EventLog:
 
     def kick(self) -> None:
         """Tells local followers to look for new events now (call after committing an append): they
-        wake and re-read at once; the notifier refreshes `last_sequence` in the background."""
-        self._wake_sequencer.set()
+        wake and re-read at once. No database read here: `last_sequence` (a hint for heads and
+        waits, never a read bound) catches up at the notifier's next poll, within 100 ms."""
         self._signal()
 
     def _signal(self) -> None:
@@ -291,14 +290,12 @@ class EventLog:
         return advanced
 
     async def run_notifier(self) -> None:
-        """Background loop: refreshes the high-water mark when kicked, or every 100 ms (for events
-        committed by other processes of the same service), so followers wake without polling the
-        event table. Runs until cancelled."""
+        """Background loop: refreshes the high-water mark every 100 ms, which wakes followers for
+        events committed by other processes of the same service (local writers wake them with
+        `kick()`), so followers never poll the event table. Runs until cancelled."""
         await self.ensure_sequencer_row()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake_sequencer.wait(), SEQUENCER_POLL_SECONDS)
-            self._wake_sequencer.clear()
+            await asyncio.sleep(SEQUENCER_POLL_SECONDS)
             try:
                 await self.refresh()
             except Exception:
@@ -306,9 +303,11 @@ class EventLog:
                 await asyncio.sleep(1)
 
     async def read_after(
-        self, after_sequence: int, limit: int = 1_000, types: Sequence[str] = ()
+        self, after_sequence: int, limit: int = 1_000, types: Sequence[str] = (), decode: bool = True
     ) -> list[StoredEvent]:
-        """Committed events with sequence > after_sequence, in order, at most `limit`."""
+        """Committed events with sequence > after_sequence, in order, at most `limit`. With
+        `decode=False` the payloads are left as their JSON text (`payload_json`; `payload` is
+        empty), for a stream that sends them on as they are."""
         query = (
             select(self._events)
             .where(self._events.c.sequence > after_sequence)
@@ -327,7 +326,7 @@ class EventLog:
                 thread_id=row["thread_id"],
                 project_id=row["project_id"],
                 node_id=row["node_id"],
-                payload=json.loads(row["payload_json"]),
+                payload=json.loads(row["payload_json"]) if decode else {},
                 trace_context=json.loads(row["trace_context_json"]),
                 payload_json=row["payload_json"],
             )
@@ -351,14 +350,15 @@ class EventLog:
         types: Sequence[str] = (),
         poll_seconds: float = 0.5,
         limit: int = FOLLOW_BATCH_LIMIT,
+        decode: bool = True,
     ) -> AsyncIterator[list[StoredEvent]]:
         """Yields every event after `after_sequence` in runs (never empty, in sequence order, at
         most `limit` each): the backlog first, then live ones as they are sequenced; one run is what
         one read found, so events committed together arrive together. Never skips and never
-        repeats. Runs until the consumer stops iterating."""
+        repeats. Runs until the consumer stops iterating. `decode`: as for `read_after`."""
         cursor = after_sequence
         while True:
-            batch = await self.read_after(cursor, limit=limit, types=types)
+            batch = await self.read_after(cursor, limit=limit, types=types, decode=decode)
             if not batch:
                 await self.wait_beyond(max(cursor, self.last_sequence), poll_seconds)
                 continue

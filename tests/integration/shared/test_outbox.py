@@ -105,3 +105,21 @@ async def test_a_later_writer_waits_so_sequences_become_visible_in_order(
         assert await event_log.refresh() == 2
     finally:
         await database.dispose()
+
+
+async def test_runs_group_what_one_read_finds_and_can_leave_payloads_as_text(
+    database_target: DatabaseTarget,
+) -> None:
+    database, event_log = await open_log(database_target)
+    try:
+        await publish(database, event_log, "a", "b", "c")
+        await publish(database, event_log, "d")
+        runs = event_log.follow_batches(0, limit=2, decode=False)
+        first, second = await anext(runs), await anext(runs)
+        await runs.aclose()
+    finally:
+        await database.dispose()
+
+    assert [e.sequence for e in first] == [1, 2] and [e.sequence for e in second] == [3, 4]
+    assert [e.payload for e in first + second] == [{}, {}, {}, {}], "left undecoded"
+    assert [e.payload_json for e in second] == ['{"name":"c"}', '{"name":"d"}']
