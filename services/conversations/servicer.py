@@ -335,7 +335,9 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
             return
         owner = self._stream_owner(principal, request.owner_id)
         after = self._event_log.last_sequence if request.from_head else request.after_sequence
-        async for batch in self._event_log.follow_batches(after, types=list(request.types)):
+        # Payloads are decoded only to filter by owner; an every-owner stream sends their text.
+        decode = owner is not None
+        async for batch in self._event_log.follow_batches(after, types=list(request.types), decode=decode):
             visible = [to_envelope(event) for event in batch if event_visible_to(event, owner)]
             if visible:
                 yield pb.WatchEventsResponse(events=visible)
