@@ -81,7 +81,13 @@ from services.conversations.domain.validation import (
     raise_if_any,
 )
 from services.shared.db import Database
-from services.shared.errors import FieldViolation, InvalidArgument, NotFound
+from services.shared.errors import (
+    PROJECT_NOT_FOUND,
+    THREAD_NOT_FOUND,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+)
 from services.shared.outbox import EventLog, NewEvent, StoredEvent
 from services.shared.paging import PageTokenCodec, fingerprint
 from services.shared.time import isoformat_utc, utc_now
@@ -300,7 +306,7 @@ class ConversationsHandlers:
         events: list[NewEvent] = []
         if existing is not None:
             if existing["owner_id"] != owner:
-                raise NotFound(f"thread {registration.thread_id!r} not found")
+                raise NotFound(f"thread {registration.thread_id!r} not found", reason=THREAD_NOT_FOUND)
             changes = {
                 "node_id": registration.node_id,
                 "worker_id": registration.worker_id,
@@ -390,7 +396,7 @@ class ConversationsHandlers:
     ) -> Row:
         project = await repository.project(project_id)
         if project is None or project["owner_id"] != owner or project["conversation_type"] != GROUP:
-            raise NotFound(f"group project {project_id!r} not found")
+            raise NotFound(f"group project {project_id!r} not found", reason=PROJECT_NOT_FOUND)
         return project
 
     async def _ensure_master(
@@ -498,7 +504,7 @@ class ConversationsHandlers:
             found = await repository.threads_by_id(distinct)
             missing = [t for t in distinct if t not in found or found[t]["owner_id"] != owner]
             if missing:
-                raise NotFound(f"threads not found: {', '.join(missing)}")
+                raise NotFound(f"threads not found: {', '.join(missing)}", reason=THREAD_NOT_FOUND)
             await repository.insert_project(
                 {
                     "project_id": project_id,
@@ -661,7 +667,7 @@ class ConversationsHandlers:
             project_id = master_project_id(owner)
         project = await repository.project(project_id) if project_id else None
         if project is None or project["owner_id"] != owner:
-            raise NotFound(f"project {project_id!r} not found")
+            raise NotFound(f"project {project_id!r} not found", reason=PROJECT_NOT_FOUND)
         return project
 
     async def _owned_thread(
@@ -669,7 +675,7 @@ class ConversationsHandlers:
     ) -> Row:
         thread = await repository.thread(thread_id) if thread_id else None
         if thread is None or thread["owner_id"] != owner:
-            raise NotFound(f"thread {thread_id!r} not found")
+            raise NotFound(f"thread {thread_id!r} not found", reason=THREAD_NOT_FOUND)
         return thread
 
     async def _detail(self, repository: SqlAlchemyConversationsRepository, project: Row) -> ProjectDetailView:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ARRAY, String, and_, any_, bindparam, false, func, insert, or_, select, text, update
-from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.conversations.adapters.tables import messages, project_threads, projects, threads
@@ -20,8 +19,13 @@ from services.conversations.domain.model import (
     ThreadBudget,
     ThreadView,
 )
+from services.shared.sql_types import UtcDateTime
 
-Row = RowMapping
+# A row as a mapping of column name to value (SQLAlchemy's RowMapping, or a dict on hot reads).
+Row = Mapping[Any, Any]
+_THREAD_COLUMNS = ", ".join(f'"{column.name}"' for column in threads.columns)
+_THREAD_COLUMNS_OF_T = ", ".join(f't."{column.name}"' for column in threads.columns)
+_PROJECT_COLUMNS = ", ".join(f'"{column.name}"' for column in projects.columns)
 
 
 def _json_value(value: Any) -> Any:
@@ -134,8 +138,34 @@ class SqlAlchemyConversationsRepository:
         ids = list(set(thread_ids))
         if not ids:
             return {}
+        if self.connection.dialect.name == "postgresql":
+            rows = await self._rows_postgresql(
+                threads,
+                f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = ANY(%(ids)s::text[])",
+                {"ids": ids},
+            )
+            return {row["thread_id"]: row for row in rows}
         result = await self.connection.execute(select(threads).where(self._among(threads.c.thread_id, ids)))
         return {row["thread_id"]: row for row in result.mappings()}
+
+    async def _rows_postgresql(
+        self, table: Any, sql: str, parameters: dict[str, list[str]], *lead: str
+    ) -> list[dict[str, Any]]:
+        """Rows of a hot read on PostgreSQL, run as driver SQL (`parameters`: text arrays): no
+        statement compilation or per-column result processing, which cost more client CPU than the
+        query itself. Each row is a dict of the `lead` columns (named in the SELECT first), then
+        `table`'s columns, datetimes in UTC as UtcDateTime returns them."""
+        names = [*lead, *(column.name for column in table.columns)]
+        times = [name for name in names if name in table.c and isinstance(table.c[name].type, UtcDateTime)]
+        result = await self.connection.exec_driver_sql(sql, parameters)
+        rows: list[dict[str, Any]] = []
+        for values in result.all():
+            row = dict(zip(names, values, strict=True))
+            for name in times:
+                if row[name] is not None:
+                    row[name] = row[name].astimezone(UTC)
+            rows.append(row)
+        return rows
 
     async def insert_thread(self, values: dict[str, Any]) -> None:
         """Inserts a thread row (budget columns take their defaults)."""
@@ -266,6 +296,17 @@ class SqlAlchemyConversationsRepository:
         ids = list(set(thread_ids))
         if not ids:
             return []
+        if self.connection.dialect.name == "postgresql":
+            rows = await self._rows_postgresql(
+                threads,
+                f"SELECT member.project_id, {_THREAD_COLUMNS_OF_T} FROM project_threads AS member "
+                "JOIN threads AS t ON t.thread_id = member.thread_id WHERE member.project_id IN "
+                "(SELECT project_id FROM project_threads WHERE thread_id = ANY(%(ids)s::text[])) "
+                "ORDER BY member.project_id, t.thread_id",
+                {"ids": ids},
+                "member_project_id",
+            )
+            return [(row.pop("member_project_id"), row) for row in rows]
         of_threads = select(project_threads.c.project_id).where(self._among(project_threads.c.thread_id, ids))
         result = await self.connection.execute(
             select(project_threads.c.project_id.label("member_project_id"), threads)
@@ -282,6 +323,15 @@ class SqlAlchemyConversationsRepository:
         ids, shown = sorted(set(project_ids)), list(set(thread_ids))
         if not ids and not shown:
             return []
+        if self.connection.dialect.name == "postgresql":
+            return [
+                *await self._rows_postgresql(
+                    projects,
+                    f"SELECT {_PROJECT_COLUMNS} FROM projects WHERE project_id = ANY(%(ids)s::text[]) "
+                    "OR indicator_thread_id = ANY(%(shown)s::text[]) ORDER BY project_id",
+                    {"ids": ids, "shown": shown},
+                )
+            ]
         result = await self.connection.execute(
             select(projects)
             .where(
