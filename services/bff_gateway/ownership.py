@@ -7,8 +7,8 @@ package routes from the scheduler) call `require_own_thread` first, so a client 
 the threads its owner sees on the home list:
 
 - the thread is the caller's owner's: nothing happens;
-- it is another owner's or unknown to conversations: 404 problem+json (`thread_not_found`, or the
-  route's own "unknown id" problem), never a hint that it exists;
+- it is another owner's or unknown to conversations: 404 problem+json (`thread_not_found`, reason
+  THREAD_NOT_FOUND, or the route's own "unknown id" problem), never a hint that it exists;
 - conversations cannot be reached: 503 problem+json with Retry-After (never a silent bypass).
 
 Worker and service tokens are not scoped by owner here: each backend applies its own rules to them.
@@ -22,6 +22,7 @@ from fastapi import Request
 from services.bff_gateway.auth import Caller
 from services.bff_gateway.problems import ProblemError
 from services.bff_gateway.routers.conversations import conversations_client
+from services.shared.errors import THREAD_NOT_FOUND
 
 CLIENT_KIND = "client"
 
@@ -29,7 +30,7 @@ CLIENT_KIND = "client"
 def thread_not_found(thread_id: str) -> ProblemError:
     """404 for a thread the caller may not see (unknown, or another owner's: the same answer)."""
     return ProblemError(
-        404, "not-found", f"thread {thread_id!r} not found", title="Not found", reason="THREAD_NOT_FOUND"
+        404, "not-found", f"thread {thread_id!r} not found", title="Not found", reason=THREAD_NOT_FOUND
     )
 
 

@@ -19,6 +19,18 @@ Status mapping (ARCHITECTURE.md "Contracts"):
 | gRPC RESOURCE_EXHAUSTED | 429 + `Retry-After` |
 | gRPC UNKNOWN, INTERNAL, UNIMPLEMENTED, DATA_LOSS | 502 |
 | gRPC UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED | 503 + `Retry-After` |
+
+A backend's ErrorInfo reason is passed on unchanged, so gRPC and HTTP callers see the same one. A 404
+names what is unknown (services/shared/errors.py):
+
+| unknown | reason |
+|---|---|
+| thread (never reported, never registered, or another owner's) | THREAD_NOT_FOUND |
+| project (or another owner's) | PROJECT_NOT_FOUND |
+| handoff package (or one of another owner's thread) | PACKAGE_NOT_FOUND |
+| alert | ALERT_NOT_FOUND |
+| worker command | COMMAND_NOT_FOUND |
+| route | none |
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ from typing import Any
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import status_pb2
 from grpc_status import rpc_status
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -39,7 +51,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.bff_gateway.mapping import json_field_of
-from services.shared.errors import BossError, field_violations_of
+from services.shared.errors import BossError, field_violations_of, reason_of
 
 log = logging.getLogger(__name__)
 
@@ -249,18 +261,6 @@ _SLUG_AND_TITLE: dict[int, tuple[str, str]] = {
 }
 
 
-def _reason_of(status: status_pb2.Status | None) -> str | None:
-    """The ErrorInfo reason inside a google.rpc.Status, if any."""
-    if status is None:
-        return None
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return info.reason or None
-    return None
-
-
 def problem_for_grpc_status(
     service: str,
     code: grpc.StatusCode,
@@ -277,7 +277,7 @@ def problem_for_grpc_status(
     internal addresses or exception text) and are logged instead.
     """
     http_status = _HTTP_STATUS_OF_CODE.get(code, 502)
-    reason = _reason_of(status)
+    reason = reason_of(status)
     if http_status == 503:
         log.warning("%s unavailable (%s): %s", service, code.name, message)
         return service_unavailable(service, retry_after_seconds)

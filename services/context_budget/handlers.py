@@ -21,7 +21,7 @@ from services.context_budget.domain.ingest import ExistingAlertResolved, IngestO
 from services.context_budget.domain.model import Alert, AlertStatus, Snapshot, ThreadState, ThresholdPolicy
 from services.context_budget.domain.policy import DEFAULT_POLICY, validate_policy
 from services.shared.db import Database
-from services.shared.errors import NotFound
+from services.shared.errors import ALERT_NOT_FOUND, THREAD_NOT_FOUND, NotFound
 from services.shared.outbox import EventLog, NewEvent
 from services.shared.telemetry import meter
 from services.shared.time import utc_now
@@ -143,7 +143,7 @@ class ContextBudgetHandlers:
         async with self._database.transaction() as connection:
             alert = await self._repository.get_alert(connection, alert_id, for_update=True)
             if alert is None:
-                raise NotFound(f"alert {alert_id!r} not found", reason="ALERT_NOT_FOUND")
+                raise NotFound(f"alert {alert_id!r} not found", reason=ALERT_NOT_FOUND)
             now = self.clock()
             changed = transition(alert, now)
             await self._repository.save_alert(connection, changed)
@@ -171,7 +171,7 @@ class ContextBudgetHandlers:
         async with self._database.read() as connection:
             state = await self._repository.get_state(connection, thread_id)
             if state is None:
-                raise NotFound(f"thread {thread_id!r} has no context budget", reason="THREAD_NOT_FOUND")
+                raise NotFound(f"thread {thread_id!r} has no context budget", reason=THREAD_NOT_FOUND)
             alerts = await self._repository.open_alerts_of(connection, [thread_id])
         return ThreadContextView(state, alerts.get(thread_id, []))
 

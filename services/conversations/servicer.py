@@ -1,7 +1,8 @@
 """The gRPC face of the conversations context: authorisation, proto <-> domain conversion, errors.
 
 Owner rule: a client token acts for its own `owner_id` (the request's owner_id is ignored); a service
-token names the owner in the request (empty: the default owner). Another owner's data is NOT_FOUND.
+token names the owner in the request (empty: the default owner). Another owner's data is NOT_FOUND,
+answered exactly as an unknown id (reason THREAD_NOT_FOUND or PROJECT_NOT_FOUND).
 """
 
 from __future__ import annotations

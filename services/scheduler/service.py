@@ -52,6 +52,9 @@ from services.scheduler.domain.ranking import (
 from services.scheduler.strategy_publisher import StrategyPublisher
 from services.shared.db import Database
 from services.shared.errors import (
+    COMMAND_NOT_FOUND,
+    PACKAGE_NOT_FOUND,
+    THREAD_NOT_FOUND,
     FailedPrecondition,
     FieldViolation,
     InvalidArgument,
@@ -376,7 +379,7 @@ class SchedulerHandlers:
         async with self.database.read() as connection:
             state = await self.repository.thread(connection, thread_id)
             if state is None:
-                raise NotFound(f"thread {thread_id} is unknown to the scheduler", reason="THREAD_NOT_FOUND")
+                raise NotFound(f"thread {thread_id} is unknown to the scheduler", reason=THREAD_NOT_FOUND)
             package = (
                 await self.repository.package(connection, state.current_package_id)
                 if state.current_package_id
@@ -391,7 +394,7 @@ class SchedulerHandlers:
         async with self.database.read() as connection:
             package = await self.repository.package(connection, handoff_package_id)
         if package is None:
-            raise NotFound(f"handoff package {handoff_package_id} does not exist", reason="PACKAGE_NOT_FOUND")
+            raise NotFound(f"handoff package {handoff_package_id} does not exist", reason=PACKAGE_NOT_FOUND)
         return package
 
     async def packages_of_thread(self, thread_id: str) -> list[HandoffPackage]:
@@ -457,7 +460,7 @@ class SchedulerHandlers:
         async with self.database.transaction() as connection:
             state = await self.repository.thread(connection, thread_id)
             if state is None:
-                raise NotFound(f"thread {thread_id} is unknown to the scheduler", reason="THREAD_NOT_FOUND")
+                raise NotFound(f"thread {thread_id} is unknown to the scheduler", reason=THREAD_NOT_FOUND)
             state = change(state)
             await self.repository.save_threads(connection, [state], now)
             events = [
@@ -500,7 +503,7 @@ class SchedulerHandlers:
             package = await self.repository.package(connection, handoff_package_id, for_update=True)
             if package is None:
                 raise NotFound(
-                    f"handoff package {handoff_package_id} does not exist", reason="PACKAGE_NOT_FOUND"
+                    f"handoff package {handoff_package_id} does not exist", reason=PACKAGE_NOT_FOUND
                 )
             state = await self.repository.thread(connection, package.from_thread_id)
             owner = (state.worker_id, state.node_id) if state else ("", package.node_id)
@@ -560,7 +563,7 @@ class SchedulerHandlers:
             package = await self.repository.package(connection, handoff_package_id, for_update=True)
             if package is None:
                 raise NotFound(
-                    f"handoff package {handoff_package_id} does not exist", reason="PACKAGE_NOT_FOUND"
+                    f"handoff package {handoff_package_id} does not exist", reason=PACKAGE_NOT_FOUND
                 )
             check_transition(handoff_package_id, package.package_status, PackageStatus.CONSUMED)
             package = replace(
@@ -650,7 +653,7 @@ class SchedulerHandlers:
         async with self.database.transaction() as connection:
             command = await self.repository.command(connection, command_id)
             if command is None:
-                raise NotFound(f"command {command_id} does not exist", reason="COMMAND_NOT_FOUND")
+                raise NotFound(f"command {command_id} does not exist", reason=COMMAND_NOT_FOUND)
             if (command.worker_id, command.node_id) != (worker_id, node_id):
                 raise PermissionDenied(
                     f"command {command_id} is for worker {command.worker_id!r} on node {command.node_id!r}",

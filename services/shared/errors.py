@@ -16,6 +16,15 @@ from grpc_status import rpc_status
 
 ERROR_DOMAIN = "boss.dev"
 
+# ErrorInfo reasons of NotFound, one per kind of resource. Every service raises NotFound with the
+# reason of the resource it could not find, and the gateway passes it on as the problem's `reason`,
+# so a client tells an unknown thread from an unknown project the same way over gRPC and HTTP.
+THREAD_NOT_FOUND = "THREAD_NOT_FOUND"
+PROJECT_NOT_FOUND = "PROJECT_NOT_FOUND"
+PACKAGE_NOT_FOUND = "PACKAGE_NOT_FOUND"
+ALERT_NOT_FOUND = "ALERT_NOT_FOUND"
+COMMAND_NOT_FOUND = "COMMAND_NOT_FOUND"
+
 
 @dataclass(frozen=True)
 class FieldViolation:
@@ -85,7 +94,8 @@ class Unauthenticated(BossError):
 
 
 class NotFound(BossError):
-    """The named resource does not exist (NOT_FOUND)."""
+    """The named resource does not exist (NOT_FOUND). Raise it with the resource's own reason
+    (THREAD_NOT_FOUND, PROJECT_NOT_FOUND, ...); plain "NOT_FOUND" is left for anything else."""
 
     code = grpc.StatusCode.NOT_FOUND
     reason = "NOT_FOUND"
@@ -125,3 +135,15 @@ def field_violations_of(status: status_pb2.Status) -> list[FieldViolation]:
             detail.Unpack(bad_request)
             violations.extend(FieldViolation(v.field, v.description) for v in bad_request.field_violations)
     return violations
+
+
+def reason_of(status: status_pb2.Status | None) -> str | None:
+    """The ErrorInfo reason inside a google.rpc.Status (None when there is none)."""
+    if status is None:
+        return None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info.reason or None
+    return None

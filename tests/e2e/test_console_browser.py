@@ -2,8 +2,9 @@
 context_budget, conversations and the gateway running as processes, a worker's report moves the
 thread's ring on the home list, in the project detail and on the thread page without a reload, and
 the three show the same percent and level (CB-16, CB-19); the thread page marks each wrap-up
-checklist item as done, missing or to do so a person sees what is missing; an owner with no
-conversation gets an empty state telling how to start a worker.
+checklist item as done, missing or to do so a person sees what is missing, and shows the handoff
+reason's time as local time with the ISO value on hover; an owner with no conversation gets an empty
+state telling how to start a worker.
 
 Skipped, with the reason, only when /usr/bin/chromium is missing (`apt-get install -y chromium`).
 """
@@ -189,7 +190,8 @@ def wait_for_checklist(base_url: str, client_token: str, thread_id: str) -> None
 def test_checklist_marks_done_and_missing_items_differently(services: str) -> None:
     """A ready package's checklist (the scheduler is not running here, so the thread page's answer
     is taken from the real gateway and its statuses set as a ready package with two missing items
-    would set them): done items are ticked and struck through, missing ones flagged in red."""
+    would set them): done items are ticked and struck through, missing ones flagged in red. The
+    handoff line shows the reason's instant as local time, the ISO value only in the title."""
     from playwright.sync_api import Route, expect, sync_playwright
 
     authority = TokenAuthority(SECRET)
@@ -197,6 +199,7 @@ def test_checklist_marks_done_and_missing_items_differently(services: str) -> No
     report(services, authority.issue_worker("worker-e2e", "node-e2e"), 20.0, "critical")
     wait_for_checklist(services, client_token, "thread-e2e")
     statuses = ["done", "done", "done", "missing", "done", "done", "missing"]
+    expected_at = "2026-03-25T08:08:30+00:00"
 
     def ready_package(route: Route) -> None:
         response = route.fetch()
@@ -205,6 +208,8 @@ def test_checklist_marks_done_and_missing_items_differently(services: str) -> No
         for item, status in zip(page_json["wrap_up_checklist"], statuses, strict=True):
             item["status"] = status
             item["detail"] = "not in the handoff package" if status == "missing" else ""
+        page_json["handoff_status"], page_json["handoff_package_id"] = "ready", "hp-e2e"
+        page_json["handoff_reason"] = f"compaction expected at {expected_at}"
         route.fulfill(response=response, json=page_json)
 
     with sync_playwright() as playwright:
@@ -232,6 +237,12 @@ def test_checklist_marks_done_and_missing_items_differently(services: str) -> No
             expect(missing.first.locator(".label")).to_have_css("color", "rgb(176, 0, 32)")
             done_background = done.first.evaluate("(node) => getComputedStyle(node).backgroundColor")
             expect(missing.first).not_to_have_css("background-color", done_background)
+
+            local = page.evaluate("(iso) => new Date(iso).toLocaleString()", expected_at)
+            handoff = page.locator("#handoff")
+            expect(handoff).to_have_text(f"ready hp-e2e — compaction expected at {local}")
+            expect(handoff.locator("time")).to_have_attribute("title", expected_at)
+            expect(handoff.locator("time")).to_have_attribute("datetime", expected_at)
         finally:
             browser.close()
 

@@ -70,8 +70,14 @@ function ring(percent, level, visible, threadId) {
   return node;
 }
 
-function when(iso) {
-  return iso ? new Date(iso).toLocaleString() : "—";
+// A time (times.js `when`) in a <time> element whose title is the exact ISO value; "—" for none.
+function timeEl(iso) {
+  return iso ? el("time", { datetime: iso, title: iso }, when(iso)) : when(iso);
+}
+
+// Server-written text (e.g. the handoff reason) with every instant in it shown as timeEl shows it.
+function withTimes(text) {
+  return timeParts(text).map((part) => (typeof part === "string" ? part : timeEl(part.iso)));
 }
 
 // --- views ------------------------------------------------------------------------------------------
@@ -87,7 +93,7 @@ async function renderHome(view) {
         el("div", { class: "grow" },
           el("div", { class: "title" }, row.project_title),
           el("div", { class: "sub" }, row.conversation_type.replace("_", " "),
-            row.latest_reply_at ? " · " + when(row.latest_reply_at) : "")),
+            row.latest_reply_at ? [" · ", timeEl(row.latest_reply_at)] : "")),
         row.manual_pinned ? el("span", { class: "pin" }, "pinned") : null,
         ring(indicator.percent, indicator.level, indicator.visible, row.context_budget_thread_id))));
   }
@@ -158,14 +164,14 @@ async function renderThread(view, threadId) {
     el("section", {}, el("h2", {}, "Context budget"), el("dl", { id: "budget" },
       el("dt", {}, "Left"), el("dd", { id: "budget-percent" }, c.reported ? `${c.percent}% (${c.level})` : "not reported"),
       el("dt", {}, "Node"), el("dd", {}, page.node_id),
-      el("dt", {}, "Expected compaction"), el("dd", {}, when(c.compaction_expected_at)),
-      el("dt", {}, "Last compaction"), el("dd", {}, when(c.last_compaction_at)),
+      el("dt", {}, "Expected compaction"), el("dd", {}, timeEl(c.compaction_expected_at)),
+      el("dt", {}, "Last compaction"), el("dd", {}, timeEl(c.last_compaction_at)),
       el("dt", {}, "Must finish first"), el("dd", {}, c.must_finish_before_compaction ? c.must_finish_reason || "yes" : "no"),
-      el("dt", {}, "Updated"), el("dd", {}, when(c.updated_at)))),
+      el("dt", {}, "Updated"), el("dd", {}, timeEl(c.updated_at)))),
     el("section", {}, el("h2", {}, "Handoff"),
       el("div", { id: "handoff", "data-status": page.handoff_status },
         page.handoff_status === "none" ? "not required" : `${page.handoff_status} ${page.handoff_package_id}`.trim(),
-        page.handoff_reason ? " — " + page.handoff_reason : "")),
+        page.handoff_reason ? [" — ", ...withTimes(page.handoff_reason)] : "")),
     el("section", {}, el("h2", {}, "Wrap-up checklist"),
       page.wrap_up_checklist.length
         ? el("ul", { class: "checklist" }, page.wrap_up_checklist.map(checklistItem))

@@ -34,6 +34,7 @@ from services.bff_gateway.ownership import require_own_thread
 from services.bff_gateway.problems import ProblemError, error_responses, problem_for_rpc_error
 from services.bff_gateway.schemas import ID_MAX_LENGTH
 from services.shared.auth import SCOPE_SCHEDULER_READ, bearer_metadata
+from services.shared.errors import PACKAGE_NOT_FOUND
 from services.shared.time import from_timestamp, isoformat_utc
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def package_not_found(handoff_package_id: str) -> ProblemError:
         "not-found",
         f"handoff package {handoff_package_id} does not exist",
         title="Not found",
-        reason="PACKAGE_NOT_FOUND",
+        reason=PACKAGE_NOT_FOUND,
     )
 
 

@@ -21,7 +21,7 @@ from boss.context_budget.v1 import context_budget_pb2_grpc as pb_grpc
 
 from services.bff_gateway.clients import CONTEXT_BUDGET_SERVICE
 from services.shared.auth import SCOPE_CONTEXT_READ, SCOPE_CONTEXT_REPORT, Principal, TokenAuthority
-from services.shared.errors import BossError, FieldViolation, InvalidArgument, NotFound
+from services.shared.errors import THREAD_NOT_FOUND, BossError, FieldViolation, InvalidArgument, NotFound
 from services.shared.grpc_server import ServiceHost, translate_errors
 from services.shared.time import from_timestamp, to_timestamp, utc_now
 
@@ -128,7 +128,7 @@ class ContextBudgetDouble(pb_grpc.ContextBudgetServiceServicer):
         self._caller(context).require(SCOPE_CONTEXT_READ)
         found = self.contexts.get(request.thread_id)
         if found is None:
-            raise NotFound(f"thread {request.thread_id!r} never reported")
+            raise NotFound(f"thread {request.thread_id!r} never reported", reason=THREAD_NOT_FOUND)
         return pb.GetThreadContextResponse(thread_context=found)
 
 

@@ -3,9 +3,10 @@
 A real grpc.aio server (ServiceHost, rich errors) implementing only GetThreadContextBudget, with the
 conversations service's owner rule: the bearer token is verified, conversations:read is required,
 a client token acts for its own owner_id (a service token names the owner in the request, empty
-meaning "local"), and a thread of another owner or unknown is NOT_FOUND. Which thread belongs to
-which owner is set by the test in `owners`; `calls` records (thread_id, token) of every call. It is
-NOT the conversations service, whose own rules are tested in tests/integration/conversations.
+meaning "local"), and a thread of another owner or unknown is NOT_FOUND (reason THREAD_NOT_FOUND).
+Which thread belongs to which owner is set by the test in `owners`; `calls` records (thread_id,
+token) of every call. It is NOT the conversations service, whose own rules are tested in
+tests/integration/conversations.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from boss.conversations.v1 import conversations_pb2 as pb
 from boss.conversations.v1 import conversations_pb2_grpc as pb_grpc
 
 from services.shared.auth import SCOPE_CONVERSATIONS_READ, TokenAuthority
-from services.shared.errors import NotFound
+from services.shared.errors import THREAD_NOT_FOUND, NotFound
 from services.shared.grpc_server import ServiceHost, translate_errors
 
 CONVERSATIONS_SERVICE = pb.DESCRIPTOR.services_by_name["ConversationsService"].full_name
@@ -42,7 +43,7 @@ class ConversationsDouble(pb_grpc.ConversationsServiceServicer):
         principal.require(SCOPE_CONVERSATIONS_READ)
         owner = principal.owner_id if principal.kind == "client" else (request.owner_id or "local")
         if self.owners.get(request.thread_id) != owner:
-            raise NotFound(f"thread {request.thread_id!r} not found")
+            raise NotFound(f"thread {request.thread_id!r} not found", reason=THREAD_NOT_FOUND)
         return pb.GetThreadContextBudgetResponse(
             thread_context_budget=pb.ThreadContextBudget(
                 thread=pb.Thread(thread_id=request.thread_id, owner_id=owner),

@@ -97,6 +97,16 @@ async def test_unknown_thread_is_404_problem(gateway: Gateway) -> None:
     assert response.status_code == 404
     assert response.headers["content-type"] == "application/problem+json"
     assert "thread-nobody" in response.json()["detail"]
+    assert response.json()["reason"] == "THREAD_NOT_FOUND"
+
+
+async def test_thread_context_budget_never_reported_has_the_same_reason_as_unknown(gateway: Gateway) -> None:
+    service = {"Authorization": f"Bearer {gateway.authority.issue_service('scheduler')}"}
+
+    response = await gateway.http.get("/api/v1/threads/thread-nobody/context-budget", headers=service)
+
+    assert response.status_code == 404
+    assert response.json()["reason"] == "THREAD_NOT_FOUND"
 
 
 async def test_service_token_may_read_and_worker_token_may_not(gateway: Gateway) -> None:
@@ -191,6 +201,7 @@ async def test_another_owners_thread_is_404_like_an_unknown_one_and_never_read(g
     assert (foreign.status_code, unknown.status_code) == (404, 404)
     assert foreign.headers["content-type"] == "application/problem+json"
     assert foreign.json()["detail"] == "thread 'thread-abc' not found"
+    assert foreign.json()["reason"] == unknown.json()["reason"] == "THREAD_NOT_FOUND"
     assert {k: v for k, v in foreign.json().items() if k not in ("detail", "instance")} == {
         k: v for k, v in unknown.json().items() if k not in ("detail", "instance")
     }

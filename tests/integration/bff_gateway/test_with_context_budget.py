@@ -119,10 +119,15 @@ async def test_service_side_violations_come_back_as_422_with_json_field_names(
 
 
 async def test_unknown_thread_is_404(http: httpx.AsyncClient) -> None:
-    response = await http.get("/api/v1/threads/thread-never/context-budget", headers=CLIENT)
+    service = {"Authorization": f"Bearer {AUTHORITY.issue_service('scheduler')}"}
 
-    assert response.status_code == 404
+    response = await http.get("/api/v1/threads/thread-never/context-budget", headers=CLIENT)
+    as_service = await http.get("/api/v1/threads/thread-never/context-budget", headers=service)
+
+    assert response.status_code == as_service.status_code == 404
     assert response.headers["content-type"] == "application/problem+json"
+    # The owner check passed (thread-never is owner-1's); the reason is context_budget's own.
+    assert response.json()["reason"] == as_service.json()["reason"] == "THREAD_NOT_FOUND"
 
 
 async def test_readyz_sees_the_real_health_service(http: httpx.AsyncClient) -> None:

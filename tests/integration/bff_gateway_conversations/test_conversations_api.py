@@ -103,8 +103,9 @@ async def test_errors_are_problems(gateway: RunningGateway, stack: Stack) -> Non
     bad_token = await gateway.http.get("/api/v1/conversations?page_token=garbage", headers=gateway.headers())
     assert bad_token.status_code == 400 and bad_token.headers["content-type"] == PROBLEM
     assert [e["field"] for e in bad_token.json()["errors"]] == ["page_token"]
+    assert missing.json()["reason"] == "PROJECT_NOT_FOUND"
     foreign = await gateway.http.get(f"/api/v1/projects/{project_id}", headers=gateway.headers("mallory"))
-    assert foreign.status_code == 404
+    assert foreign.status_code == 404 and foreign.json()["reason"] == "PROJECT_NOT_FOUND"
     worker = {"Authorization": f"Bearer {stack.authority.issue_worker('worker-a', 'node-a')}"}
     assert (await gateway.http.get("/api/v1/conversations", headers=worker)).status_code == 403
     assert (await gateway.http.get("/api/v1/conversations")).status_code == 401
@@ -117,7 +118,43 @@ async def test_errors_are_problems(gateway: RunningGateway, stack: Stack) -> Non
         json={"project_title": "x", "thread_ids": ["th-1", "ghost"]},
         headers=gateway.headers(),
     )
-    assert unknown_thread.status_code == 404
+    assert unknown_thread.status_code == 404 and unknown_thread.json()["reason"] == "THREAD_NOT_FOUND"
+
+
+async def test_unknown_ids_have_one_reason_per_kind_on_every_route(
+    gateway: RunningGateway, stack: Stack
+) -> None:
+    project_id = await register(stack, "th-1")
+    mine, mallory = gateway.headers(), gateway.headers("mallory")
+    requests = {
+        "thread context-budget, unknown": ("GET", "/api/v1/threads/th-none/context-budget", mine, None),
+        "thread context-budget, foreign": ("GET", "/api/v1/threads/th-1/context-budget", mallory, None),
+        "thread context-summary, unknown": ("GET", "/api/v1/threads/th-none/context-summary", mine, None),
+        "thread context-summary, foreign": ("GET", "/api/v1/threads/th-1/context-summary", mallory, None),
+        "thread archive": ("POST", "/api/v1/threads/th-none/archive", mine, None),
+        "project detail": ("GET", "/api/v1/projects/proj-none", mine, None),
+        "project rename": ("PATCH", f"/api/v1/projects/{project_id}", mallory, {"project_title": "x"}),
+        "project pin": ("PUT", "/api/v1/projects/proj-none/pin", mine, None),
+        "project unpin": ("DELETE", f"/api/v1/projects/{project_id}/pin", mallory, None),
+    }
+    answers = {}
+    for name, (method, url, headers, body) in requests.items():
+        response = await gateway.http.request(method, url, headers=headers, json=body)
+        assert response.headers["content-type"] == PROBLEM, name
+        answers[name] = (response.status_code, response.json()["reason"])
+
+    thread, project = (404, "THREAD_NOT_FOUND"), (404, "PROJECT_NOT_FOUND")
+    assert answers == {
+        "thread context-budget, unknown": thread,
+        "thread context-budget, foreign": thread,
+        "thread context-summary, unknown": thread,
+        "thread context-summary, foreign": thread,
+        "thread archive": thread,
+        "project detail": project,
+        "project rename": project,
+        "project pin": project,
+        "project unpin": project,
+    }
 
 
 async def test_sse_headers_live_event_and_exact_resume(gateway: RunningGateway, stack: Stack) -> None:
@@ -278,6 +315,7 @@ async def test_context_budget_read_is_scoped_by_the_real_owner_rule(
     assert (foreign.status_code, unknown.status_code) == (404, 404)
     assert foreign.headers["content-type"] == unknown.headers["content-type"] == PROBLEM
     assert foreign.json()["detail"] == "thread 'th-1' not found"
+    assert foreign.json()["reason"] == unknown.json()["reason"] == "THREAD_NOT_FOUND"
     # The owner check passed: the read went on to context_budget, which is not running here.
     assert own.status_code == 503
     assert own.json()["detail"].startswith("context_budget is unavailable")

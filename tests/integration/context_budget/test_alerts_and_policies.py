@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from services.context_budget.adapters.tables import thread_context_threshold_policies
 from services.context_budget.server import ContextBudgetService
+from services.shared.errors import reason_of
 from tests.integration.context_budget.conftest import Tokens
 from tests.integration.context_budget.support import (
     auth,
@@ -67,10 +68,10 @@ async def test_alert_acknowledge_then_resolve_and_illegal_transitions(
         code, _ = await rpc_failure(call)
         assert code is grpc.StatusCode.FAILED_PRECONDITION
 
-    code, _ = await rpc_failure(
+    code, status = await rpc_failure(
         stub.ResolveAlert(pb.ResolveAlertRequest(alert_id="no-such-alert"), metadata=admin)
     )
-    assert code is grpc.StatusCode.NOT_FOUND
+    assert code is grpc.StatusCode.NOT_FOUND and reason_of(status) == "ALERT_NOT_FOUND"
     code, status = await rpc_failure(stub.ResolveAlert(pb.ResolveAlertRequest(), metadata=admin))
     assert code is grpc.StatusCode.INVALID_ARGUMENT and violation_fields(status) == ["alert_id"]
 

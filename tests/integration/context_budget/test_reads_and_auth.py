@@ -10,6 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.context_budget.adapters.tables import thread_context_snapshots
 from services.context_budget.server import ContextBudgetService
+from services.shared.errors import reason_of
 from tests.integration.context_budget.conftest import Tokens
 from tests.integration.context_budget.support import (
     auth,
@@ -25,10 +26,10 @@ async def test_get_thread_context_unknown_and_missing_ids(
     stub: pb_grpc.ContextBudgetServiceStub, tokens: Tokens
 ) -> None:
     client = auth(tokens.client)
-    code, _ = await rpc_failure(
+    code, status = await rpc_failure(
         stub.GetThreadContext(pb.GetThreadContextRequest(thread_id="nope"), metadata=client)
     )
-    assert code is grpc.StatusCode.NOT_FOUND
+    assert code is grpc.StatusCode.NOT_FOUND and reason_of(status) == "THREAD_NOT_FOUND"
     code, status = await rpc_failure(stub.GetThreadContext(pb.GetThreadContextRequest(), metadata=client))
     assert code is grpc.StatusCode.INVALID_ARGUMENT and violation_fields(status) == ["thread_id"]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -14,7 +15,7 @@ from boss.conversations.v1 import conversations_pb2 as pb
 from grpc_status import rpc_status
 
 from services.conversations.domain.model import single_device_project_id
-from services.shared.errors import field_violations_of
+from services.shared.errors import field_violations_of, reason_of
 from services.shared.outbox import StoredEvent
 from tests.conftest import DatabaseTarget
 from tests.integration.conversations.stack import T0, Stack, budget_payload, running_stack
@@ -388,6 +389,74 @@ async def test_another_owner_sees_nothing(stack: Stack) -> None:
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND
     assert await events_of(stack, owner="mallory") == []
     assert len(await events_of(stack)) > 0
+
+
+async def test_unknown_ids_name_what_is_unknown(stack: Stack) -> None:
+    """Every NOT_FOUND carries the reason of the resource that is unknown, whether it does not
+    exist or belongs to another owner (the two are answered alike)."""
+    project_id = (await register(stack, "th-1")).project_id
+    mallory = stack.client("mallory")
+
+    async def reason_of_failure(call: Any) -> str | None:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await call
+        assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+        return reason_of(rpc_status.from_call(raised.value))
+
+    calls = {
+        "GetProject unknown": stack.stub.GetProject(
+            pb.GetProjectRequest(project_id="proj-nope"), metadata=stack.client()
+        ),
+        "GetProject foreign": stack.stub.GetProject(
+            pb.GetProjectRequest(project_id=project_id), metadata=mallory
+        ),
+        "SetConversationPinned": stack.stub.SetConversationPinned(
+            pb.SetConversationPinnedRequest(project_id="proj-nope", pinned=True), metadata=stack.client()
+        ),
+        "RenameProject": stack.stub.RenameProject(
+            pb.RenameProjectRequest(project_id=project_id, title="x"), metadata=mallory
+        ),
+        "AddMessage": stack.stub.AddMessage(
+            pb.AddMessageRequest(project_id="proj-nope", author_kind="user", text="hi"),
+            metadata=stack.client(),
+        ),
+        "ListMessages": stack.stub.ListMessages(
+            pb.ListMessagesRequest(project_id="proj-nope"), metadata=stack.client()
+        ),
+        "RegisterThread into an unknown group": stack.stub.RegisterThread(
+            pb.RegisterThreadRequest(
+                thread_id="th-2", node_id="node-a", worker_id="worker-a", group_project_id="group-nope"
+            ),
+            metadata=stack.worker(),
+        ),
+        "GetThreadContextBudget unknown": stack.stub.GetThreadContextBudget(
+            pb.GetThreadContextBudgetRequest(thread_id="th-none"), metadata=stack.client()
+        ),
+        "GetThreadContextBudget foreign": stack.stub.GetThreadContextBudget(
+            pb.GetThreadContextBudgetRequest(thread_id="th-1"), metadata=mallory
+        ),
+        "ArchiveThread": stack.stub.ArchiveThread(
+            pb.ArchiveThreadRequest(thread_id="th-none"), metadata=stack.client()
+        ),
+        "CreateGroupProject": stack.stub.CreateGroupProject(
+            pb.CreateGroupProjectRequest(title="Pilot", thread_ids=["th-1", "ghost"]), metadata=stack.client()
+        ),
+    }
+    reasons = {name: await reason_of_failure(call) for name, call in calls.items()}
+
+    assert reasons == {
+        "GetProject unknown": "PROJECT_NOT_FOUND",
+        "GetProject foreign": "PROJECT_NOT_FOUND",
+        "SetConversationPinned": "PROJECT_NOT_FOUND",
+        "RenameProject": "PROJECT_NOT_FOUND",
+        "AddMessage": "PROJECT_NOT_FOUND",
+        "ListMessages": "PROJECT_NOT_FOUND",
+        "RegisterThread into an unknown group": "PROJECT_NOT_FOUND",
+        "GetThreadContextBudget unknown": "THREAD_NOT_FOUND",
+        "GetThreadContextBudget foreign": "THREAD_NOT_FOUND",
+        "ArchiveThread": "THREAD_NOT_FOUND",
+        "CreateGroupProject": "THREAD_NOT_FOUND",
+    }
 
 
 async def test_bad_input_names_the_field(stack: Stack) -> None:

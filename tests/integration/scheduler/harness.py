@@ -20,6 +20,7 @@ from boss.scheduler.v1 import scheduler_pb2_grpc
 from services.scheduler import server as scheduler_server
 from services.scheduler.domain.model import SchedulerSettings
 from services.shared.auth import TokenAuthority, bearer_metadata
+from services.shared.errors import THREAD_NOT_FOUND, NotFound, grpc_status_of
 from services.shared.time import isoformat_utc, to_timestamp
 from tests.conftest import DatabaseTarget
 
@@ -76,7 +77,8 @@ class BudgetStreamStandIn(context_budget_pb2_grpc.ContextBudgetServiceServicer):
                     context_budget_level=context_budget_pb2.CONTEXT_BUDGET_LEVEL_URGENT,
                 )
                 return context_budget_pb2.GetThreadContextResponse(thread_context=thread_context)
-        await context.abort(grpc.StatusCode.NOT_FOUND, f"thread {request.thread_id} never reported")
+        unknown = NotFound(f"thread {request.thread_id} never reported", reason=THREAD_NOT_FOUND)
+        await context.abort_with_status(grpc_status_of(unknown))
         raise AssertionError("unreachable")
 
     async def WatchEvents(

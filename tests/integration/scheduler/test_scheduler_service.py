@@ -11,8 +11,10 @@ from datetime import timedelta
 import grpc
 import pytest
 from boss.scheduler.v1 import scheduler_pb2 as pb
+from grpc_status import rpc_status
 
 from services.scheduler.domain.model import SchedulerSettings
+from services.shared.errors import reason_of
 from tests.conftest import DatabaseTarget
 from tests.integration.scheduler.harness import Running, budget_payload, running_scheduler
 
@@ -192,6 +194,7 @@ async def test_levels_commands_package_and_guarantee(database_target: DatabaseTa
                 pb.GetHandoffPackageRequest(handoff_package_id="nope"), metadata=running.client()
             )
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        assert reason_of(rpc_status.from_call(unknown.value)) == "PACKAGE_NOT_FOUND"
 
 
 async def test_commands_are_redelivered_until_acked_and_acks_are_checked(
@@ -311,6 +314,7 @@ async def test_ranking_choice_and_master_flags(database_target: DatabaseTarget) 
                 pb.GetThreadScheduleRequest(thread_id="ghost"), metadata=running.client()
             )
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        assert reason_of(rpc_status.from_call(unknown.value)) == "THREAD_NOT_FOUND"
         with pytest.raises(grpc.aio.AioRpcError) as anonymous:
             await running.stub.RankThreads(pb.RankThreadsRequest())
         assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED

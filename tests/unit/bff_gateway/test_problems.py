@@ -108,15 +108,15 @@ def test_unauthenticated_from_a_backend_is_a_bearer_challenge() -> None:
     assert problem.reason == "TOKEN_EXPIRED"
 
 
-def test_not_found_keeps_the_backend_message() -> None:
-    status = NotFound("thread 'thread-x' never reported").to_status()
+def test_not_found_keeps_the_backend_message_and_reason() -> None:
+    status = NotFound("thread 'thread-x' never reported", reason="THREAD_NOT_FOUND").to_status()
 
     problem = problem_for_grpc_status("context_budget", grpc.StatusCode.NOT_FOUND, status.message, status)
 
     assert (problem.status, problem.detail, problem.reason) == (
         404,
         "thread 'thread-x' never reported",
-        "NOT_FOUND",
+        "THREAD_NOT_FOUND",
     )
 
 
