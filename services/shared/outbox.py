@@ -27,7 +27,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from opentelemetry import propagate
@@ -65,6 +65,8 @@ _APPEND_COLUMNS = (
     "payload_json",
     "trace_context_json",
 )
+# What `read_after` selects, in this order.
+_READ_COLUMNS = _APPEND_COLUMNS
 _APPEND_PG_TYPES = ["int8", "text", "timestamptz", "text", "text", "text", "text", "text"]
 
 
@@ -130,6 +132,22 @@ class StoredEvent:
     payload: dict[str, Any]
     trace_context: dict[str, str]
     payload_json: str = field(default="", compare=False, repr=False)
+
+
+def _stored_event(row: Sequence[Any], decode: bool) -> StoredEvent:
+    """A StoredEvent from a row of `_READ_COLUMNS` (payload decoded when `decode`)."""
+    sequence, event_type, occurred_at, thread_id, project_id, node_id, payload_json, trace_json = row
+    return StoredEvent(
+        sequence=int(sequence),
+        type=event_type,
+        occurred_at=occurred_at,
+        thread_id=thread_id,
+        project_id=project_id,
+        node_id=node_id,
+        payload=json.loads(payload_json) if decode else {},
+        trace_context=json.loads(trace_json) if trace_json != "{}" else {},
+        payload_json=payload_json,
+    )
 
 
 class EventLog:
@@ -308,30 +326,34 @@ class EventLog:
         """Committed events with sequence > after_sequence, in order, at most `limit`. With
         `decode=False` the payloads are left as their JSON text (`payload_json`; `payload` is
         empty), for a stream that sends them on as they are."""
-        query = (
-            select(self._events)
-            .where(self._events.c.sequence > after_sequence)
-            .order_by(self._events.c.sequence)
-            .limit(limit)
-        )
-        if types:
-            query = query.where(self._events.c.event_type.in_(list(types)))
         async with self._database.read() as connection:
-            rows = (await connection.execute(query)).mappings().all()
-        return [
-            StoredEvent(
-                sequence=int(row["sequence"]),
-                type=row["event_type"],
-                occurred_at=row["occurred_at"],
-                thread_id=row["thread_id"],
-                project_id=row["project_id"],
-                node_id=row["node_id"],
-                payload=json.loads(row["payload_json"]) if decode else {},
-                trace_context=json.loads(row["trace_context_json"]),
-                payload_json=row["payload_json"],
-            )
-            for row in rows
-        ]
+            if connection.dialect.name == "postgresql":
+                rows = await self._rows_after_postgresql(connection, after_sequence, limit, types)
+            else:
+                query = (
+                    select(*(self._events.c[name] for name in _READ_COLUMNS))
+                    .where(self._events.c.sequence > after_sequence)
+                    .order_by(self._events.c.sequence)
+                    .limit(limit)
+                )
+                if types:
+                    query = query.where(self._events.c.event_type.in_(list(types)))
+                rows = [tuple(row) for row in await connection.execute(query)]
+        return [_stored_event(row, decode) for row in rows]
+
+    async def _rows_after_postgresql(
+        self, connection: AsyncConnection, after_sequence: int, limit: int, types: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
+        """`read_after`'s rows on PostgreSQL as driver SQL (every follower runs it on every wake:
+        no statement compilation or per-column result processing); `occurred_at` in UTC as
+        UtcDateTime returns it."""
+        columns = ", ".join(_READ_COLUMNS)
+        where = "sequence > %(after)s" + (" AND event_type = ANY(%(types)s::text[])" if types else "")
+        result = await connection.exec_driver_sql(
+            f"SELECT {columns} FROM {self._events.name} WHERE {where} ORDER BY sequence LIMIT %(limit)s",
+            {"after": after_sequence, "limit": limit, "types": list(types)},
+        )
+        return [(row[0], row[1], row[2].astimezone(UTC), *row[3:]) for row in result.all()]
 
     async def wait_beyond(self, sequence: int, timeout: float) -> bool:
         """Waits until the known high-water mark passes `sequence`, a local writer kicks, or

@@ -5,6 +5,7 @@ event whose transaction commits late is never skipped."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from sqlalchemy import MetaData
 
@@ -123,3 +124,5 @@ async def test_runs_group_what_one_read_finds_and_can_leave_payloads_as_text(
     assert [e.sequence for e in first] == [1, 2] and [e.sequence for e in second] == [3, 4]
     assert [e.payload for e in first + second] == [{}, {}, {}, {}], "left undecoded"
     assert [e.payload_json for e in second] == ['{"name":"c"}', '{"name":"d"}']
+    assert all(e.occurred_at.utcoffset() == timedelta(0) for e in first + second), "times in UTC"
+    assert [e.thread_id for e in first + second] == ["a", "b", "c", "d"]
