@@ -212,7 +212,8 @@ def _detail_of(error: Mapping[str, Any]) -> str:
 
 
 def problem_for_request_validation(errors: Sequence[Mapping[str, Any]]) -> ProblemError:
-    """400 for a body that is not JSON at all; otherwise 422 with one entry per offending field."""
+    """400 for a body that is not JSON at all (reason MALFORMED_JSON); otherwise 422 with one entry
+    per offending field (reason INVALID_ARGUMENT, as a backend's field violations carry)."""
     for error in errors:
         if error.get("type") == "json_invalid":
             position = error["loc"][-1] if error.get("loc") else "?"
@@ -223,12 +224,20 @@ def problem_for_request_validation(errors: Sequence[Mapping[str, Any]]) -> Probl
                 f"request body is not valid JSON: {reason} at position {position}",
                 title="Malformed JSON",
                 errors=[ProblemFieldError(field="body", detail=str(reason))],
+                reason="MALFORMED_JSON",
             )
     field_errors = [
         ProblemFieldError(field=_field_of(e.get("loc", ())), detail=_detail_of(e)) for e in errors
     ]
     detail = "; ".join(f"{e.field}: {e.detail}" for e in field_errors) or "invalid request"
-    return ProblemError(422, "validation-error", detail, title="Validation failed", errors=field_errors)
+    return ProblemError(
+        422,
+        "validation-error",
+        detail,
+        title="Validation failed",
+        errors=field_errors,
+        reason="INVALID_ARGUMENT",
+    )
 
 
 # gRPC errors from backends -----------------------------------------------------------------------

@@ -194,6 +194,7 @@ async def test_malformed_json_is_400(gateway: Gateway) -> None:
     assert response.status_code == 400
     assert response.headers["content-type"] == PROBLEM
     assert response.json()["type"].endswith("/malformed-json")
+    assert response.json()["reason"] == "MALFORMED_JSON"
 
 
 async def test_body_over_64_kib_is_413(gateway: Gateway) -> None:

@@ -113,6 +113,10 @@ async def test_errors_are_problems(gateway: RunningGateway, stack: Stack) -> Non
         "/api/v1/projects", json={"project_title": "x", "thread_ids": ["th-1"]}, headers=gateway.headers()
     )
     assert short_group.status_code == 422 and short_group.json()["errors"][0]["field"] == "thread_ids"
+    assert short_group.json()["reason"] == "INVALID_ARGUMENT"
+    negative = await gateway.http.get("/api/v1/conversations?page_size=-1", headers=gateway.headers())
+    assert negative.status_code == 422 and negative.json()["reason"] == "INVALID_ARGUMENT"
+    assert [e["field"] for e in negative.json()["errors"]] == ["page_size"]
     unknown_thread = await gateway.http.post(
         "/api/v1/projects",
         json={"project_title": "x", "thread_ids": ["th-1", "ghost"]},
