@@ -549,8 +549,8 @@ class SchedulerHandlers:
             await self.repository.resolve_alerts(connection, package.from_thread_id, now)
             await self.event_log.append(connection, events)
         self.event_log.kick()
-        if saved is not None:
-            self.strategies.update_states([saved])
+        if saved is not None:  # the summary names the package's status: recompute it
+            self.strategies.mark([saved.project_id], states=[saved])
         return package
 
     async def consume_package(self, handoff_package_id: str, consumed_by: str) -> HandoffPackage:

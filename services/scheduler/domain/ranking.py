@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
 
-from services.scheduler.domain.model import Level, ThreadState
+from services.scheduler.domain.model import Level, PackageStatus, ThreadState
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,12 @@ def strategy_summary(ranked: Sequence[RankedThread], choice: WorkChoice | None =
     elif first.level is Level.URGENT:
         sentences.append(f"{first.thread_id} finishes its current subtask; relay thread pre-created.")
     elif first.level is Level.WATCH:
-        sentences.append(f"Send {first.thread_id} less long context; its handoff is being prepared.")
+        handoff = (
+            "its handoff package is ready"
+            if first.current_package_status is PackageStatus.READY
+            else "its handoff is being prepared"
+        )
+        sentences.append(f"Send {first.thread_id} less long context; {handoff}.")
     else:
         sentences.append("Every thread has room; keep stage summaries fresh.")
     if choice is not None:

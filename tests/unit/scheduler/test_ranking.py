@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from services.scheduler.domain.model import Level, ThreadState
+from services.scheduler.domain.model import Level, PackageStatus, ThreadState
 from services.scheduler.domain.ranking import choose_thread_for_work, rank_threads, strategy_summary
 
 NOW = datetime(2025, 5, 1, 12, 0, tzinfo=UTC)
@@ -88,3 +88,14 @@ def test_new_work_prefers_safe_then_idle_and_never_critical_or_must_finish() -> 
     none = choose_thread_for_work(states[:2], NOW, IDLE)
     assert none.new_thread_needed and none.thread_id == "" and "none of 2" in none.reason
     assert choose_thread_for_work([], NOW, IDLE).reason == "new thread needed: the project has no thread yet"
+
+
+def test_summary_of_a_watch_thread_says_whether_its_package_is_ready() -> None:
+    drafting = strategy_summary(
+        rank_threads([thread("w", Level.WATCH, 45, current_package_status=PackageStatus.DRAFT)])
+    )
+    ready = strategy_summary(
+        rank_threads([thread("w", Level.WATCH, 45, current_package_status=PackageStatus.READY)])
+    )
+    assert drafting == "1 thread: 1 watch. Send w less long context; its handoff is being prepared."
+    assert ready == "1 thread: 1 watch. Send w less long context; its handoff package is ready."
