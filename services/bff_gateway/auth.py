@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Security
+from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.bff_gateway.problems import problem_for_boss_error, unauthenticated
@@ -46,11 +46,20 @@ class Caller:
 
 async def authenticated_caller(
     gateway: GatewayDep,
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)],
 ) -> Caller:
     """The caller of this request. Raises 401 problem when the `Authorization: Bearer` token is
-    missing, malformed, expired or badly signed."""
+    missing (TOKEN_MISSING), sent with another scheme (TOKEN_SCHEME_UNSUPPORTED), or malformed,
+    expired or badly signed."""
     if credentials is None:
+        scheme = request.headers.get("authorization", "").strip().partition(" ")[0]
+        if scheme and scheme.lower() != "bearer":
+            raise unauthenticated(
+                f"unsupported authorization scheme {scheme!r}: send 'Authorization: Bearer <token>'",
+                token_sent=True,
+                reason="TOKEN_SCHEME_UNSUPPORTED",
+            )
         raise unauthenticated(
             "missing bearer token: send 'Authorization: Bearer <token>'",
             token_sent=False,

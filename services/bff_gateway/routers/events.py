@@ -225,6 +225,13 @@ def _verify(request: Request, authorization: str | None, access_token: str | Non
         if scheme.lower() == "bearer":
             token = value.strip()
     token = token or (access_token or "")
+    scheme = (authorization or "").strip().partition(" ")[0]
+    if not token and scheme and scheme.lower() != "bearer":
+        raise unauthenticated(
+            f"unsupported authorization scheme {scheme!r}: send 'Authorization: Bearer <token>'",
+            token_sent=True,
+            reason="TOKEN_SCHEME_UNSUPPORTED",
+        )
     if not token:
         raise unauthenticated(
             "missing token: send 'Authorization: Bearer <token>' or ?access_token=",

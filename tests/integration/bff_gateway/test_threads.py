@@ -121,9 +121,13 @@ async def test_service_token_may_read_and_worker_token_may_not(gateway: Gateway)
 
 async def test_read_without_token_is_401(gateway: Gateway) -> None:
     response = await gateway.http.get(THREAD_PATH)
+    basic = await gateway.http.get(THREAD_PATH, headers={"Authorization": "Basic dXNlcjpwYXNz"})
 
     assert response.status_code == 401
     assert response.headers["www-authenticate"].startswith("Bearer")
+    assert response.json()["reason"] == "TOKEN_MISSING"
+    assert basic.status_code == 401 and basic.json()["reason"] == "TOKEN_SCHEME_UNSUPPORTED"
+    assert "Basic" in basic.json()["detail"]
 
 
 async def test_wrap_up_source_fills_checklist_and_handoff_package(gateway: Gateway) -> None:

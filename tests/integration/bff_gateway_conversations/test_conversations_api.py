@@ -233,7 +233,9 @@ async def test_sse_bad_last_event_ids(gateway: RunningGateway, stack: Stack) -> 
     assert bad.status_code == 400 and bad.headers["content-type"] == PROBLEM
     assert bad.json()["errors"][0]["field"] == "Last-Event-ID"
     no_token = await gateway.http.get("/api/v1/events")
-    assert no_token.status_code == 401
+    assert no_token.status_code == 401 and no_token.json()["reason"] == "TOKEN_MISSING"
+    basic = await gateway.http.get("/api/v1/events", headers={"Authorization": "Basic dXNlcjpwYXNz"})
+    assert basic.status_code == 401 and basic.json()["reason"] == "TOKEN_SCHEME_UNSUPPORTED"
     await register(stack, "th-1")
     await stack.settle()
     async with gateway.http.stream(
