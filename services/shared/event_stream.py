@@ -262,7 +262,9 @@ class EventConsumer:
                 async for envelopes in self._open_stream(cursor):
                     await inbox.queue.put([from_envelope(envelope) for envelope in envelopes])
                 await inbox.queue.put(ConnectionError(f"{self.stream_name} stream ended"))
-            except BaseException as error:  # handed to the applier, which re-raises it
+            except asyncio.CancelledError:
+                raise  # the applier stopped us: nobody would take a queued failure
+            except Exception as error:  # handed to the applier, which re-raises it
                 await inbox.queue.put(error)
 
         reader = asyncio.create_task(read())
