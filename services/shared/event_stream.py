@@ -30,7 +30,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import random
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -219,39 +221,32 @@ class EventConsumer:
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 10.0)
 
-    def _drain(self, inbox: _Inbox, batch: list[StoredEvent]) -> BaseException | None:
-        """Moves waiting events into `batch` up to batch_size; returns a queued failure, if any."""
-        return inbox.take(batch, self._batch_size)
-
-    async def _settle(self, inbox: _Inbox, batch: list[StoredEvent]) -> BaseException | None:
-        """Takes what arrives without waiting: yields to the loop while that grows the batch."""
-        for _ in range(SETTLE_YIELDS):
-            if len(batch) >= self._batch_size:
+    async def _keep_taking(
+        self, inbox: _Inbox, batch: list[StoredEvent], pause: float, rounds: int, until: float
+    ) -> BaseException | None:
+        """Pauses and takes what arrived, for as long as each pause brings more: at most `rounds`
+        times, until the batch is full or loop time `until`. Returns a failure the reader queued."""
+        loop = asyncio.get_running_loop()
+        for _ in range(rounds):
+            if len(batch) >= self._batch_size or loop.time() >= until:
                 return None
             seen = len(batch)
-            await asyncio.sleep(0)
-            failure = self._drain(inbox, batch)
-            if failure is not None:
+            await asyncio.sleep(pause)
+            failure = inbox.take(batch, self._batch_size)
+            if failure is not None or len(batch) == seen:
                 return failure
-            if len(batch) == seen:
-                return None
         return None
 
-    async def _linger_for_more(self, inbox: _Inbox, batch: list[StoredEvent]) -> BaseException | None:
-        """The batch-filling window of a busy stream (module docstring)."""
+    async def _fill(self, inbox: _Inbox, batch: list[StoredEvent], busy: bool) -> BaseException | None:
+        """Grows a batch before it is applied (module docstring): an idle stream only yields to the
+        loop (`SETTLE_YIELDS` times at most), a busy one lingers `linger_seconds` at a time for at
+        most `max_linger_seconds`."""
+        now = asyncio.get_running_loop().time()
+        if not busy:
+            return await self._keep_taking(inbox, batch, 0, SETTLE_YIELDS, math.inf)
         if self._linger <= 0:
             return None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._max_linger
-        while len(batch) < self._batch_size and loop.time() < deadline:
-            seen = len(batch)
-            await asyncio.sleep(self._linger)
-            failure = self._drain(inbox, batch)
-            if failure is not None:
-                return failure
-            if len(batch) == seen:
-                return None
-        return None
+        return await self._keep_taking(inbox, batch, self._linger, sys.maxsize, now + self._max_linger)
 
     async def _follow_once(self) -> None:
         cursor = await self.load_cursor()
@@ -274,10 +269,7 @@ class EventConsumer:
                 batch: list[StoredEvent] = []
                 failure = await inbox.wait(batch, self._batch_size)
                 if failure is None:
-                    failure = self._drain(inbox, batch)
-                if failure is None and batch:
-                    linger = self._linger_for_more if busy else self._settle
-                    failure = await linger(inbox, batch)
+                    failure = await self._fill(inbox, batch, busy)
                 if batch:
                     await self.apply(batch)
                 if failure is not None:
