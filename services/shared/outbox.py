@@ -12,7 +12,7 @@ visible in order, and `sequence > cursor` never skips. (On SQLite, writers are s
 time at their tail; append last, just before commit.
 
 Consumers read `sequence > after_sequence` in order (`EventLog.read_after`), or follow the stream
-live (`EventLog.follow`), which replays the backlog and then waits for newly committed events.
+live (`EventLog.follow_batches`), which replays the backlog and then waits for newly committed events.
 Waking followers: `kick()` (called by a writer of this process after its commit) wakes them at
 once, without a database read: its events are visible by then, and the followers re-read. The
 notifier (`run_notifier`) also reads the committed high-water mark every 100 ms,
@@ -55,7 +55,7 @@ SEQUENCER_POLL_SECONDS = 0.1
 COPY_THRESHOLD = 8
 # Most events one `follow_batches` run (and so one WatchEvents response) carries.
 FOLLOW_BATCH_LIMIT = 500
-_APPEND_COLUMNS = (
+_EVENT_COLUMNS = (
     "sequence",
     "event_type",
     "occurred_at",
@@ -65,9 +65,7 @@ _APPEND_COLUMNS = (
     "payload_json",
     "trace_context_json",
 )
-# What `read_after` selects, in this order.
-_READ_COLUMNS = _APPEND_COLUMNS
-_APPEND_PG_TYPES = ["int8", "text", "timestamptz", "text", "text", "text", "text", "text"]
+_EVENT_PG_TYPES = ["int8", "text", "timestamptz", "text", "text", "text", "text", "text"]
 
 
 def define_outbox_tables(metadata: MetaData) -> tuple[Table, Table, Table]:
@@ -135,7 +133,7 @@ class StoredEvent:
 
 
 def _stored_event(row: Sequence[Any], decode: bool) -> StoredEvent:
-    """A StoredEvent from a row of `_READ_COLUMNS` (payload decoded when `decode`)."""
+    """A StoredEvent from a row of `_EVENT_COLUMNS` (payload decoded when `decode`)."""
     sequence, event_type, occurred_at, thread_id, project_id, node_id, payload_json, trace_json = row
     return StoredEvent(
         sequence=int(sequence),
@@ -213,7 +211,7 @@ class EventLog:
             await self._copy(connection, rows)
             return len(rows)
         await connection.execute(
-            insert(self._events), [dict(zip(_APPEND_COLUMNS, row, strict=True)) for row in rows]
+            insert(self._events), [dict(zip(_EVENT_COLUMNS, row, strict=True)) for row in rows]
         )
         advance = self._sequencer.update().where(self._sequencer.c.id == 1)
         await connection.execute(advance.values(last_sequence=int(last) + len(rows)))
@@ -229,7 +227,7 @@ class EventLog:
         statement = (
             f"WITH advanced AS (UPDATE {sequencer} SET last_sequence = last_sequence + %(count)s "
             "WHERE id = 1 RETURNING last_sequence - %(count)s AS base) "
-            f"INSERT INTO {events} ({', '.join(_APPEND_COLUMNS)}) "
+            f"INSERT INTO {events} ({', '.join(_EVENT_COLUMNS)}) "
             "SELECT advanced.base + item.position, item.event_type, item.occurred_at, item.thread_id, "
             "item.project_id, item.node_id, item.payload_json, %(trace)s FROM advanced, "
             "unnest(%(types)s::text[], %(times)s::timestamptz[], %(threads)s::text[], "
@@ -257,12 +255,12 @@ class EventLog:
         raw = await connection.get_raw_connection()
         driver = raw.driver_connection
         assert driver is not None
-        columns = ", ".join(_APPEND_COLUMNS)
+        columns = ", ".join(_EVENT_COLUMNS)
         async with (
             driver.cursor() as cursor,
             cursor.copy(f"COPY {self._events.name} ({columns}) FROM STDIN (FORMAT BINARY)") as copy,
         ):
-            copy.set_types(_APPEND_PG_TYPES)
+            copy.set_types(_EVENT_PG_TYPES)
             for row in rows:
                 await copy.write_row(row)
 
@@ -331,7 +329,7 @@ class EventLog:
                 rows = await self._rows_after_postgresql(connection, after_sequence, limit, types)
             else:
                 query = (
-                    select(*(self._events.c[name] for name in _READ_COLUMNS))
+                    select(*(self._events.c[name] for name in _EVENT_COLUMNS))
                     .where(self._events.c.sequence > after_sequence)
                     .order_by(self._events.c.sequence)
                     .limit(limit)
@@ -347,7 +345,7 @@ class EventLog:
         """`read_after`'s rows on PostgreSQL as driver SQL (every follower runs it on every wake:
         no statement compilation or per-column result processing); `occurred_at` in UTC as
         UtcDateTime returns it."""
-        columns = ", ".join(_READ_COLUMNS)
+        columns = ", ".join(_EVENT_COLUMNS)
         where = "sequence > %(after)s" + (" AND event_type = ANY(%(types)s::text[])" if types else "")
         result = await connection.exec_driver_sql(
             f"SELECT {columns} FROM {self._events.name} WHERE {where} ORDER BY sequence LIMIT %(limit)s",
@@ -386,11 +384,3 @@ class EventLog:
                 continue
             yield batch
             cursor = batch[-1].sequence
-
-    async def follow(
-        self, after_sequence: int, types: Sequence[str] = (), poll_seconds: float = 0.5
-    ) -> AsyncIterator[StoredEvent]:
-        """`follow_batches`, one event at a time."""
-        async for batch in self.follow_batches(after_sequence, types, poll_seconds):
-            for stored in batch:
-                yield stored

@@ -59,9 +59,9 @@ async def test_follow_replays_backlog_then_delivers_live_events(database_target:
         seen: list[tuple[int, str]] = []
 
         async def consume() -> None:
-            async for event in event_log.follow(1):
-                seen.append((event.sequence, event.payload["name"]))
-                if len(seen) == 2:
+            async for run in event_log.follow_batches(1):
+                seen.extend((event.sequence, event.payload["name"]) for event in run)
+                if len(seen) >= 2:
                     return
 
         consumer = asyncio.create_task(consume())
