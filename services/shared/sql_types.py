@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import DateTime
+from sqlalchemy import DateTime, Table
 from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import TypeDecorator
 
 
@@ -37,3 +39,31 @@ class UtcDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
+
+
+async def fetch_driver_rows(
+    connection: AsyncConnection, table: Table, sql: str, parameters: Mapping[str, Any], *lead: str
+) -> list[dict[str, Any]]:
+    """Rows of a hot read run as driver SQL (PostgreSQL; `sql` uses `%(name)s` parameters): no
+    statement compilation and no per-column result processing, which cost more client CPU than such
+    a query itself. `sql` selects the `lead` columns first, then every column of `table` in table
+    order; each row comes back as a dict by column name, UtcDateTime columns in UTC as
+    `UtcDateTime.process_result_value` would return them."""
+    names = [*lead, *(column.name for column in table.columns)]
+    times = [column.name for column in table.columns if isinstance(column.type, UtcDateTime)]
+    result = await connection.exec_driver_sql(sql, dict(parameters))
+    rows: list[dict[str, Any]] = []
+    for values in result.all():
+        row = dict(zip(names, values, strict=True))
+        for name in times:
+            if row[name] is not None:
+                row[name] = row[name].astimezone(UTC)
+        rows.append(row)
+    return rows
+
+
+def column_list(table: Table, qualifier: str = "") -> str:
+    """Every column of `table`, quoted, in table order (what `fetch_driver_rows` expects), each
+    prefixed with `qualifier.` when given: the select list of a driver SQL statement."""
+    prefix = f"{qualifier}." if qualifier else ""
+    return ", ".join(f'{prefix}"{column.name}"' for column in table.columns)

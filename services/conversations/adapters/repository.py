@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ARRAY, String, and_, any_, bindparam, false, func, insert, or_, select, text, update
@@ -19,13 +19,12 @@ from services.conversations.domain.model import (
     ThreadBudget,
     ThreadView,
 )
-from services.shared.sql_types import UtcDateTime
+from services.shared.sql_types import column_list, fetch_driver_rows
 
 # A row as a mapping of column name to value (SQLAlchemy's RowMapping, or a dict on hot reads).
 Row = Mapping[Any, Any]
-_THREAD_COLUMNS = ", ".join(f'"{column.name}"' for column in threads.columns)
-_THREAD_COLUMNS_OF_T = ", ".join(f't."{column.name}"' for column in threads.columns)
-_PROJECT_COLUMNS = ", ".join(f'"{column.name}"' for column in projects.columns)
+_THREAD_COLUMNS, _THREAD_COLUMNS_OF_T = column_list(threads), column_list(threads, "t")
+_PROJECT_COLUMNS = column_list(projects)
 
 
 def _json_value(value: Any) -> Any:
@@ -139,7 +138,8 @@ class SqlAlchemyConversationsRepository:
         if not ids:
             return {}
         if self.connection.dialect.name == "postgresql":
-            rows = await self._rows_postgresql(
+            rows = await fetch_driver_rows(
+                self.connection,
                 threads,
                 f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = ANY(%(ids)s::text[])",
                 {"ids": ids},
@@ -147,25 +147,6 @@ class SqlAlchemyConversationsRepository:
             return {row["thread_id"]: row for row in rows}
         result = await self.connection.execute(select(threads).where(self._among(threads.c.thread_id, ids)))
         return {row["thread_id"]: row for row in result.mappings()}
-
-    async def _rows_postgresql(
-        self, table: Any, sql: str, parameters: dict[str, list[str]], *lead: str
-    ) -> list[dict[str, Any]]:
-        """Rows of a hot read on PostgreSQL, run as driver SQL (`parameters`: text arrays): no
-        statement compilation or per-column result processing, which cost more client CPU than the
-        query itself. Each row is a dict of the `lead` columns (named in the SELECT first), then
-        `table`'s columns, datetimes in UTC as UtcDateTime returns them."""
-        names = [*lead, *(column.name for column in table.columns)]
-        times = [name for name in names if name in table.c and isinstance(table.c[name].type, UtcDateTime)]
-        result = await self.connection.exec_driver_sql(sql, parameters)
-        rows: list[dict[str, Any]] = []
-        for values in result.all():
-            row = dict(zip(names, values, strict=True))
-            for name in times:
-                if row[name] is not None:
-                    row[name] = row[name].astimezone(UTC)
-            rows.append(row)
-        return rows
 
     async def insert_thread(self, values: dict[str, Any]) -> None:
         """Inserts a thread row (budget columns take their defaults)."""
@@ -223,21 +204,16 @@ class SqlAlchemyConversationsRepository:
     async def _update_from_json(
         self, table: Any, key: Any, columns: tuple[str, ...], rows: list[tuple[str, dict[str, Any]]]
     ) -> None:
-        """One UPDATE ... FROM jsonb_to_recordset for many rows (PostgreSQL). An executemany costs
-        a statement per row on both sides (~100 us of client CPU each, and the server plans and runs
-        every one); this sends the rows as one JSON array, typed by the table's own column types.
+        """One UPDATE ... FROM json_populate_recordset for many rows (PostgreSQL). An executemany
+        costs a statement per row on both sides (~100 us of client CPU each, and the server plans and
+        runs every one); this sends the rows as one JSON array, typed by the table's own row type.
         Datetimes travel as ISO 8601 text with their offset."""
-        dialect = self.connection.dialect
-        quote = dialect.identifier_preparer.quote
-        key_name = quote(key.name)
-        record = ", ".join(
-            [f"{key_name} {key.type.compile(dialect=dialect)}"]
-            + [f"{quote(name)} {table.c[name].type.compile(dialect=dialect)}" for name in columns]
-        )
+        quote = self.connection.dialect.identifier_preparer.quote
+        key_name, table_name = quote(key.name), quote(table.name)
         assignments = ", ".join(f"{quote(name)} = source.{quote(name)}" for name in columns)
         statement = text(
-            f"UPDATE {quote(table.name)} AS target SET {assignments} "
-            f"FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS source({record}) "
+            f"UPDATE {table_name} AS target SET {assignments} "
+            f"FROM json_populate_recordset(NULL::{table_name}, CAST(:rows AS json)) AS source "
             f"WHERE target.{key_name} = source.{key_name}"
         )
         payload = json.dumps(
@@ -297,7 +273,8 @@ class SqlAlchemyConversationsRepository:
         if not ids:
             return []
         if self.connection.dialect.name == "postgresql":
-            rows = await self._rows_postgresql(
+            rows = await fetch_driver_rows(
+                self.connection,
                 threads,
                 f"SELECT member.project_id, {_THREAD_COLUMNS_OF_T} FROM project_threads AS member "
                 "JOIN threads AS t ON t.thread_id = member.thread_id WHERE member.project_id IN "
@@ -325,7 +302,8 @@ class SqlAlchemyConversationsRepository:
             return []
         if self.connection.dialect.name == "postgresql":
             return [
-                *await self._rows_postgresql(
+                *await fetch_driver_rows(
+                    self.connection,
                     projects,
                     f"SELECT {_PROJECT_COLUMNS} FROM projects WHERE project_id = ANY(%(ids)s::text[]) "
                     "OR indicator_thread_id = ANY(%(shown)s::text[]) ORDER BY project_id",

@@ -32,7 +32,7 @@ from services.scheduler.domain.handoff import (
     TestRun,
 )
 from services.scheduler.domain.model import PackageStatus, ThreadState, parse_level
-from services.shared.sql_types import UtcDateTime
+from services.shared.sql_types import UtcDateTime, column_list, fetch_driver_rows
 from services.shared.time import isoformat_utc
 
 
@@ -461,21 +461,15 @@ class SqlAlchemySchedulerRepository:
     ) -> list[ThreadState]:
         """Thread states whose `column` is one of `values`, on PostgreSQL without per-column result
         processing (it runs for every consumer batch and strategy recomputation): the values travel
-        as one array; timestamptz values are converted to UTC here as UtcDateTime would."""
-        names = list(scheduled_threads.c.keys())
-        columns = ", ".join(f'"{name}"' for name in names)
-        rows = await connection.exec_driver_sql(
-            f'SELECT {columns} FROM "{scheduled_threads.name}" WHERE "{column}" = ANY(%(values)s::text[])',
+        as one array."""
+        rows = await fetch_driver_rows(
+            connection,
+            scheduled_threads,
+            f'SELECT {column_list(scheduled_threads)} FROM "{scheduled_threads.name}" '
+            f'WHERE "{column}" = ANY(%(values)s::text[])',
             {"values": values},
         )
-        states = []
-        for values_of_row in rows.all():
-            row = dict(zip(names, values_of_row, strict=True))
-            for name in _STATE_TIMES:
-                if row[name] is not None:
-                    row[name] = row[name].astimezone(UTC)
-            states.append(_state_of(row))
-        return states
+        return [_state_of(row) for row in rows]
 
     async def thread(self, connection: AsyncConnection, thread_id: str) -> ThreadState | None:
         """One thread's state, None when unknown."""

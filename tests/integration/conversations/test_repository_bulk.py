@@ -1,5 +1,5 @@
 """The conversations repository's batch statements on SQLite and PostgreSQL: several rows updated in
-one go (on PostgreSQL one UPDATE ... FROM jsonb_to_recordset) store exactly what one update per row
+one go (on PostgreSQL one UPDATE ... FROM json_populate_recordset) store exactly what one update per row
 would, datetimes and NULLs included, and touch no other row; id lists of any length select the same
 rows (on PostgreSQL `= ANY(array)`)."""
 
