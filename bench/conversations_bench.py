@@ -203,18 +203,7 @@ def snapshot(thread_id: str, pct: float) -> dict[str, Any]:
 async def seed(base_url: str, conversations_address: str, authority: TokenAuthority) -> None:
     """1,000 registered threads, each with one reported budget, all rings visible."""
     worker = authority.issue_worker(WORKER, NODE)
-    async with grpc.aio.insecure_channel(conversations_address) as channel:
-        stub = pb_grpc.ConversationsServiceStub(channel)
-        for index in range(PROJECTS):
-            await stub.RegisterThread(
-                pb.RegisterThreadRequest(
-                    thread_id=f"bench-{index:04d}",
-                    node_id=NODE,
-                    worker_id=WORKER,
-                    title=f"Bench project {index}",
-                ),
-                metadata=bearer_metadata(worker),
-            )
+    await register_threads(conversations_address, worker, "bench-", NODE, WORKER, "", "Bench project")
     headers = {"Authorization": f"Bearer {worker}"}
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=10) as http:
         queue = list(range(PROJECTS))
@@ -739,18 +728,34 @@ class BackgroundLoad:
 async def register_background(conversations_address: str, authority: TokenAuthority) -> None:
     """Registers the background load's threads for owner BACKGROUND_OWNER."""
     worker = authority.issue_worker(BACKGROUND_WORKER, BACKGROUND_NODE)
+    await register_threads(
+        conversations_address,
+        worker,
+        BACKGROUND_PREFIX,
+        BACKGROUND_NODE,
+        BACKGROUND_WORKER,
+        BACKGROUND_OWNER,
+        "Background",
+    )
+
+
+async def register_threads(
+    conversations_address: str, token: str, prefix: str, node: str, worker: str, owner: str, title: str
+) -> None:
+    """Registers PROJECTS threads `<prefix>0000`... with conversations as `worker` on `node` (owner
+    `owner`, or the installation's default when empty), each titled `<title> <index>`."""
     async with grpc.aio.insecure_channel(conversations_address) as channel:
         stub = pb_grpc.ConversationsServiceStub(channel)
         for index in range(PROJECTS):
             await stub.RegisterThread(
                 pb.RegisterThreadRequest(
-                    thread_id=f"{BACKGROUND_PREFIX}{index:04d}",
-                    node_id=BACKGROUND_NODE,
-                    worker_id=BACKGROUND_WORKER,
-                    owner_id=BACKGROUND_OWNER,
-                    title=f"Background {index}",
+                    thread_id=f"{prefix}{index:04d}",
+                    node_id=node,
+                    worker_id=worker,
+                    owner_id=owner,
+                    title=f"{title} {index}",
                 ),
-                metadata=bearer_metadata(worker),
+                metadata=bearer_metadata(token),
             )
 
 
