@@ -21,6 +21,7 @@ What it does, in one run (about two minutes on a 2-core machine):
    connections. Rounds are spaced `--interval` apart. The gateway's VmRSS is read with all clients
    connected. Phases:
    - `grpc_idle_1`: 1 client, no background load.
+   - `grpc_idle_1_hops` (only when named in `--phases`): the hop probe without background load.
    - with the background load running (a separate process, `load` below): `grpc_bg_1` (1 client),
      `grpc_bg_1000` (1,000 clients), and `grpc_bg_1_hops` (1 client with the hop probe: stream
      ack, event on context_budget's WatchEvents, event on conversations' WatchEvents, SSE; the
@@ -92,6 +93,7 @@ BACKGROUND_WORKER, BACKGROUND_NODE = "worker-background", "node-background"
 BACKGROUND_OWNER, BACKGROUND_PREFIX = "bench-background", "background-"
 BACKGROUND_SHAPES = ("drift", "churn")
 BACKGROUND_PHASES = ("grpc_bg_1", "grpc_bg_1000", "grpc_bg_1_hops", "rest_bg_1")
+OPTIONAL_PHASES = ("grpc_idle_1_hops",)
 
 
 def free_port() -> int:
@@ -829,6 +831,18 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
         results["grpc_idle_1"] = await bench_sse(base_url, ports, authority, 1, transport="grpc", **common)
         results["grpc_idle_1"]["machine_busy_cores"] = busy_cores_since(before)
         save(results)
+        if "grpc_idle_1_hops" in arguments.phases:
+            probe = HopProbe(ports, authority, budget_head(arguments.postgres))
+            await probe.start()
+            try:
+                before = machine_cpu_seconds()
+                results["grpc_idle_1_hops"] = await bench_sse(
+                    base_url, ports, authority, 1, transport="grpc", probe=probe, **common
+                )
+                results["grpc_idle_1_hops"]["machine_busy_cores"] = busy_cores_since(before)
+                save(results)
+            finally:
+                await probe.stop()
         load = BackgroundLoad(
             ports,
             authority,
@@ -934,7 +948,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--phases",
         type=lambda text: [name for name in text.split(",") if name],
         default=list(BACKGROUND_PHASES),
-        help=f"background phases to run, comma-separated (default all: {','.join(BACKGROUND_PHASES)})",
+        help=(
+            f"background phases to run, comma-separated (default all: {','.join(BACKGROUND_PHASES)}); "
+            f"also {','.join(OPTIONAL_PHASES)} (the hop probe without background; off by default)"
+        ),
     )
     parser.add_argument(
         "--background-shape",

@@ -675,6 +675,7 @@ class SchedulerHandlers:
         first = True
         while True:
             seen = self.event_log.last_sequence
+            marker = self.event_log.change_marker()
             now = self._clock()
             async with self.database.transaction() as connection:
                 due = await self.repository.due_commands(
@@ -688,4 +689,4 @@ class SchedulerHandlers:
             first = False
             for command in due:
                 yield replace(command, command_status="delivered", delivery_count=command.delivery_count + 1)
-            await self.event_log.wait_beyond(seen, poll_seconds)
+            await self.event_log.wait_beyond(seen, poll_seconds, marker)

@@ -353,13 +353,19 @@ class EventLog:
         )
         return [(row[0], row[1], row[2].astimezone(UTC), *row[3:]) for row in result.all()]
 
-    async def wait_beyond(self, sequence: int, timeout: float) -> bool:
-        """Waits until the known high-water mark passes `sequence`, a local writer kicks, or
-        `timeout` seconds pass. Returns True when there may be new events (always re-read: other
-        processes may write too)."""
+    def change_marker(self) -> asyncio.Event:
+        """What the next wake-up (a local `kick()` or the notifier seeing the mark advance) sets.
+        Take it *before* reading and pass it to `wait_beyond` after a read that found nothing, so a
+        commit that lands during the read wakes the wait at once instead of at the next poll."""
+        return self._changed
+
+    async def wait_beyond(self, sequence: int, timeout: float, marker: asyncio.Event | None = None) -> bool:
+        """Waits until the known high-water mark passes `sequence`, a local writer kicks (since
+        `marker` was taken, when given: see `change_marker`), or `timeout` seconds pass. Returns
+        True when there may be new events (always re-read: other processes may write too)."""
         if self.last_sequence > sequence:
             return True
-        changed = self._changed
+        changed = self._changed if marker is None else marker
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), timeout)
         return changed.is_set() or self.last_sequence > sequence
@@ -378,9 +384,10 @@ class EventLog:
         repeats. Runs until the consumer stops iterating. `decode`: as for `read_after`."""
         cursor = after_sequence
         while True:
+            marker = self.change_marker()
             batch = await self.read_after(cursor, limit=limit, types=types, decode=decode)
             if not batch:
-                await self.wait_beyond(max(cursor, self.last_sequence), poll_seconds)
+                await self.wait_beyond(max(cursor, self.last_sequence), poll_seconds, marker)
                 continue
             yield batch
             cursor = batch[-1].sequence

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import MetaData
 
 from services.shared.db import Database
-from services.shared.outbox import EventLog, NewEvent, define_outbox_tables
+from services.shared.outbox import EventLog, NewEvent, StoredEvent, define_outbox_tables
 from tests.conftest import DatabaseTarget
 
 
@@ -106,6 +107,35 @@ async def test_a_later_writer_waits_so_sequences_become_visible_in_order(
         assert await event_log.refresh() == 2
     finally:
         await database.dispose()
+
+
+async def test_a_commit_during_an_empty_read_wakes_the_follower_at_once(
+    database_target: DatabaseTarget,
+) -> None:
+    """A writer that commits and kicks while a follower's read is under way (the read saw nothing)
+    must wake that follower now, not at its next poll (30 s here; no notifier runs)."""
+    database, event_log = await open_log(database_target)
+    read_after = event_log.read_after
+    reads = 0
+
+    async def read_racing_a_commit(*args: Any, **kwargs: Any) -> list[StoredEvent]:
+        nonlocal reads
+        reads += 1
+        found = await read_after(*args, **kwargs)
+        if reads == 1:
+            await publish(database, event_log, "late")
+            event_log.kick()
+        return found
+
+    event_log.read_after = read_racing_a_commit  # type: ignore[method-assign]
+    runs = event_log.follow_batches(0, poll_seconds=30)
+    try:
+        run = await asyncio.wait_for(anext(runs), 5)
+    finally:
+        await runs.aclose()
+        await database.dispose()
+    assert [(event.sequence, event.payload["name"]) for event in run] == [(1, "late")]
+    assert reads == 2
 
 
 async def test_runs_group_what_one_read_finds_and_can_leave_payloads_as_text(
