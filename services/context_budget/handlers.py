@@ -118,9 +118,9 @@ class ContextBudgetHandlers:
                         events.append(_new_event(ev.alert_changed_event(alert, planned.node_id), now))
                 else:
                     events.append(_new_event(planned, now))
-            await self._events.append(connection, events)
-        if events:
-            self._events.kick()
+            appended = await self._events.append(connection, events)
+        if appended:
+            self._events.kick(appended)
         BATCH_SIZE.record(len(snapshots))
         duplicates = sum(1 for outcome in plan.outcomes if outcome.duplicate)
         superseded = sum(1 for outcome in plan.outcomes if outcome.superseded)
@@ -147,8 +147,9 @@ class ContextBudgetHandlers:
             now = self.clock()
             changed = transition(alert, now)
             await self._repository.save_alert(connection, changed)
-            await self._events.append(connection, [_new_event(ev.alert_changed_event(changed), now)])
-        self._events.kick()
+            event = _new_event(ev.alert_changed_event(changed), now)
+            appended = await self._events.append(connection, [event])
+        self._events.kick(appended)
         return changed
 
     async def set_threshold_policy(self, policy: ThresholdPolicy) -> ThresholdPolicy:

@@ -486,8 +486,8 @@ class ConversationsHandlers:
             await repository.update_project(project["project_id"], {**values, "updated_at": utc_now()})
             changed = await repository.project(project["project_id"])
             assert changed is not None
-            await self.event_log.append(connection, [_conversation_event(changed, change)])
-        self.event_log.kick()
+            appended = await self.event_log.append(connection, [_conversation_event(changed, change)])
+        self.event_log.kick(appended)
         return changed
 
     async def create_group(self, owner: str, title: str, thread_ids: list[str]) -> ProjectDetailView:
@@ -520,9 +520,9 @@ class ConversationsHandlers:
                 await repository.add_member(project_id, thread_id, now)
             project = await repository.project(project_id)
             assert project is not None
-            await self.event_log.append(connection, [_conversation_event(project, "created")])
+            appended = await self.event_log.append(connection, [_conversation_event(project, "created")])
             detail = await self._detail(repository, project)
-        self.event_log.kick()
+        self.event_log.kick(appended)
         return detail
 
     async def add_message(
@@ -552,7 +552,7 @@ class ConversationsHandlers:
             await repository.update_project(
                 project["project_id"], {"latest_reply_at": now, "sort_at": now, "updated_at": now}
             )
-            await self.event_log.append(
+            appended = await self.event_log.append(
                 connection,
                 [
                     NewEvent(
@@ -569,7 +569,7 @@ class ConversationsHandlers:
                     )
                 ],
             )
-        self.event_log.kick()
+        self.event_log.kick(appended)
         return values  # type: ignore[return-value]
 
     # --- reads --------------------------------------------------------------------------------------

@@ -472,8 +472,8 @@ class SchedulerHandlers:
                     node_id=state.node_id,
                 )
             ]
-            await self.event_log.append(connection, events)
-        self.event_log.kick()
+            appended = await self.event_log.append(connection, events)
+        self.event_log.kick(appended)
         self.strategies.mark([state.project_id], urgent=True)
         return state
 
@@ -547,8 +547,8 @@ class SchedulerHandlers:
                 saved = replace(state, current_package_status=PackageStatus.READY)
                 await self.repository.save_threads(connection, [saved], now)
             await self.repository.resolve_alerts(connection, package.from_thread_id, now)
-            await self.event_log.append(connection, events)
-        self.event_log.kick()
+            appended = await self.event_log.append(connection, events)
+        self.event_log.kick(appended)
         if saved is not None:  # the summary names the package's status: recompute it
             self.strategies.mark([saved.project_id], states=[saved])
         return package

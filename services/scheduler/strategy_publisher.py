@@ -256,9 +256,9 @@ class StrategyPublisher:
                     )
                 )
             await self._repository.save_strategies(connection, summaries, now)
-            await self._event_log.append(connection, events)
-        if events:
-            self._event_log.kick()
+            appended = await self._event_log.append(connection, events)
+        if appended:
+            self._event_log.kick(appended)
         return len(events)
 
     async def _states_of(

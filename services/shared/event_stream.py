@@ -175,8 +175,9 @@ class EventConsumer:
             if not fresh:
                 return
             published = await self._handle(connection, fresh)
+            appended: list[StoredEvent] = []
             if published and self._event_log is not None:
-                await self._event_log.append(connection, published)
+                appended = await self._event_log.append(connection, published)
             values = {"last_sequence": fresh[-1].sequence, "updated_at": utc_now()}
             if stored is None:
                 await connection.execute(
@@ -188,8 +189,8 @@ class EventConsumer:
                     .where(self._cursors.c.stream_name == self.stream_name)
                     .values(**values)
                 )
-        if published and self._event_log is not None:
-            self._event_log.kick()
+        if appended and self._event_log is not None:
+            self._event_log.kick(appended)
         if self._after_commit is not None:
             self._after_commit()
         self.batches_applied += 1

@@ -17,16 +17,27 @@ Waking followers: `kick()` (called by a writer of this process after its commit)
 once, without a database read: its events are visible by then, and the followers re-read. The
 notifier (`run_notifier`) also reads the committed high-water mark every 100 ms,
 which is what wakes followers for events committed by other processes of the same service.
+
+Recent events: a writer that hands its committed events to `kick(committed)` (what `append`
+returned) also puts them in a small in-memory window of the latest contiguous sequences. A follower
+whose cursor lies inside that window takes its next run from memory instead of reading the table,
+and after it has taken everything in the window it waits without a read, unless the notifier saw a
+higher committed sequence. The window only ever holds a gap-free run of committed sequences: events
+from a `kick()` that do not continue it (another process wrote in between, or two local commits
+kicked out of order) start it afresh, and a `kick()` without events (a writer that did not pass
+them) empties it, so followers fall back to reading the table and never skip anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,6 +66,8 @@ SEQUENCER_POLL_SECONDS = 0.1
 COPY_THRESHOLD = 8
 # Most events one `follow_batches` run (and so one WatchEvents response) carries.
 FOLLOW_BATCH_LIMIT = 500
+# Most committed events the in-memory window of recent events keeps (module docstring).
+RECENT_EVENTS_LIMIT = 4 * FOLLOW_BATCH_LIMIT
 _EVENT_COLUMNS = (
     "sequence",
     "event_type",
@@ -148,6 +161,25 @@ def _stored_event(row: Sequence[Any], decode: bool) -> StoredEvent:
     )
 
 
+def _sequenced(last: int, pending: list[NewEvent], payloads: list[str], trace_json: str) -> list[StoredEvent]:
+    """The appended events as stored: numbered from `last` + 1 (payloads left as JSON text)."""
+    trace_context = json.loads(trace_json) if trace_json != "{}" else {}
+    return [
+        StoredEvent(
+            sequence=last + position,
+            type=event.type,
+            occurred_at=event.occurred_at.astimezone(UTC),
+            thread_id=event.thread_id,
+            project_id=event.project_id,
+            node_id=event.node_id,
+            payload={},
+            trace_context=trace_context,
+            payload_json=body,
+        )
+        for position, (event, body) in enumerate(zip(pending, payloads, strict=True), start=1)
+    ]
+
+
 class EventLog:
     """A service's outbox: append (with sequences) inside transactions, read and follow.
 
@@ -161,10 +193,12 @@ class EventLog:
         self._events = metadata.tables["outbox_events"]
         self._sequencer = metadata.tables["outbox_sequencer"]
         self._changed = asyncio.Event()
+        self._recent: deque[StoredEvent] = deque(maxlen=RECENT_EVENTS_LIMIT)
         self.last_sequence = 0
 
-    async def append(self, connection: AsyncConnection, events: Iterable[NewEvent]) -> int:
-        """Writes events in the caller's transaction with their stream sequences; returns how many.
+    async def append(self, connection: AsyncConnection, events: Iterable[NewEvent]) -> list[StoredEvent]:
+        """Writes events in the caller's transaction with their stream sequences; returns them as
+        stored (sequence, payload JSON text, trace context), for `kick()` after the commit.
 
         Takes the sequencer row lock until the caller's transaction ends (see the module docstring)
         and captures the current trace context. On PostgreSQL a small append is one statement (the
@@ -179,12 +213,13 @@ class EventLog:
         trace_json = json.dumps(carrier)
         pending = list(events)
         if not pending:
-            return 0
+            return []
         payloads = [json.dumps(e.payload, separators=(",", ":"), default=str) for e in pending]
         postgres = connection.dialect.name == "postgresql"
         if postgres and len(pending) < COPY_THRESHOLD:
-            await self._append_unnest(connection, pending, payloads, trace_json)
-            return len(pending)
+            base = await self._append_unnest(connection, pending, payloads, trace_json)
+            return _sequenced(base, pending, payloads, trace_json)
+        last: int | None
         if postgres:
             advanced = (
                 await connection.execute(
@@ -209,20 +244,21 @@ class EventLog:
         ]
         if postgres:
             await self._copy(connection, rows)
-            return len(rows)
+            return _sequenced(int(last), pending, payloads, trace_json)
         await connection.execute(
             insert(self._events), [dict(zip(_EVENT_COLUMNS, row, strict=True)) for row in rows]
         )
         advance = self._sequencer.update().where(self._sequencer.c.id == 1)
         await connection.execute(advance.values(last_sequence=int(last) + len(rows)))
-        return len(rows)
+        return _sequenced(int(last), pending, payloads, trace_json)
 
     async def _append_unnest(
         self, connection: AsyncConnection, pending: list[NewEvent], payloads: list[str], trace_json: str
-    ) -> None:
+    ) -> int:
         """A small append on PostgreSQL in one round trip: the sequencer row's UPDATE (which takes its
         lock until commit, like SELECT ... FOR UPDATE) numbers the rows that the same statement
-        inserts from arrays. Raises RuntimeError when the sequencer row is missing."""
+        inserts from arrays. Returns the sequence before the first appended one. Raises RuntimeError
+        when the sequencer row is missing."""
         events, sequencer = self._events.name, self._sequencer.name
         statement = (
             f"WITH advanced AS (UPDATE {sequencer} SET last_sequence = last_sequence + %(count)s "
@@ -232,7 +268,8 @@ class EventLog:
             "item.project_id, item.node_id, item.payload_json, %(trace)s FROM advanced, "
             "unnest(%(types)s::text[], %(times)s::timestamptz[], %(threads)s::text[], "
             "%(projects)s::text[], %(nodes)s::text[], %(payloads)s::text[]) WITH ORDINALITY "
-            "AS item(event_type, occurred_at, thread_id, project_id, node_id, payload_json, position)"
+            "AS item(event_type, occurred_at, thread_id, project_id, node_id, payload_json, position) "
+            "RETURNING sequence"
         )
         result = await connection.exec_driver_sql(
             statement,
@@ -247,8 +284,10 @@ class EventLog:
                 "payloads": payloads,
             },
         )
-        if result.rowcount != len(pending):
+        sequences = [row[0] for row in result.all()]
+        if len(sequences) != len(pending):
             raise RuntimeError("outbox_sequencer has no row: apply the service's migrations")
+        return int(min(sequences)) - 1
 
     async def _copy(self, connection: AsyncConnection, rows: list[tuple[Any, ...]]) -> None:
         """Binary COPY of outbox rows in the connection's transaction (PostgreSQL, psycopg 3)."""
@@ -264,11 +303,44 @@ class EventLog:
             for row in rows:
                 await copy.write_row(row)
 
-    def kick(self) -> None:
+    def kick(self, committed: Sequence[StoredEvent] = ()) -> None:
         """Tells local followers to look for new events now (call after committing an append): they
-        wake and re-read at once. No database read here: `last_sequence` (a hint for heads and
-        waits, never a read bound) catches up at the notifier's next poll, within 100 ms."""
+        wake at once. Pass `committed`, what `append` returned for the committed transaction, and
+        they take those events from memory (module docstring, "Recent events"); without it they
+        re-read the table. No database read here: `last_sequence` (a hint for heads and waits,
+        never a read bound) catches up at the notifier's next poll, within 100 ms."""
+        if committed:
+            recent = self._recent
+            if recent and committed[0].sequence != recent[-1].sequence + 1:
+                recent.clear()
+            recent.extend(committed)
+            self.last_sequence = max(self.last_sequence, committed[-1].sequence)
+        else:
+            self._recent.clear()
         self._signal()
+
+    def _recent_after(
+        self, cursor: int, limit: int, types: Sequence[str], decode: bool
+    ) -> tuple[list[StoredEvent], int] | None:
+        """What the window of recent events says comes after `cursor`: (matching events, the
+        sequence up to which it looked), or None when the table must be read. An empty list with
+        `cursor` means nothing newer is known (wait without reading)."""
+        recent = self._recent
+        if not recent or recent[0].sequence > cursor + 1:
+            return None
+        last = recent[-1].sequence
+        if cursor >= last:
+            return ([], cursor) if cursor == last and self.last_sequence <= last else None
+        found: list[StoredEvent] = []
+        scanned = cursor
+        for event in itertools.islice(recent, cursor + 1 - recent[0].sequence, None):
+            if len(found) >= limit:
+                break
+            scanned = event.sequence
+            if types and event.type not in types:
+                continue
+            found.append(replace(event, payload=json.loads(event.payload_json)) if decode else event)
+        return found, scanned
 
     def _signal(self) -> None:
         """Wakes every waiter of `wait_beyond` (each waits on the event current when it started)."""
@@ -385,9 +457,15 @@ class EventLog:
         cursor = after_sequence
         while True:
             marker = self.change_marker()
-            batch = await self.read_after(cursor, limit=limit, types=types, decode=decode)
+            remembered = self._recent_after(cursor, limit, types, decode)
+            if remembered is not None:
+                batch, scanned = remembered
+            else:
+                batch = await self.read_after(cursor, limit=limit, types=types, decode=decode)
+                scanned = batch[-1].sequence if batch else cursor
             if not batch:
+                cursor = scanned
                 await self.wait_beyond(max(cursor, self.last_sequence), poll_seconds, marker)
                 continue
             yield batch
-            cursor = batch[-1].sequence
+            cursor = scanned

@@ -41,7 +41,8 @@ async def test_a_bulk_append_stores_every_event_in_order(database_target: Databa
     ]
     try:
         async with database.transaction() as connection:
-            assert await event_log.append(connection, events) == count
+            appended = await event_log.append(connection, events)
+        assert [event.sequence for event in appended] == list(range(1, count + 1))
         assert await event_log.refresh() == count
         stored = await event_log.read_after(0, limit=count)
     finally:

@@ -26,11 +26,27 @@ async def open_log(target: DatabaseTarget) -> tuple[Database, EventLog]:
     return database, event_log
 
 
-async def publish(database: Database, event_log: EventLog, *names: str) -> None:
+async def publish(
+    database: Database, event_log: EventLog, *names: str, event_type: str = "test.happened"
+) -> list[StoredEvent]:
     async with database.transaction() as connection:
-        await event_log.append(
-            connection, [NewEvent("test.happened", {"name": n}, thread_id=n) for n in names]
+        return await event_log.append(
+            connection, [NewEvent(event_type, {"name": n}, thread_id=n) for n in names]
         )
+
+
+class CountingReads:
+    """Counts `read_after` calls of an EventLog (reads of the table)."""
+
+    def __init__(self, event_log: EventLog) -> None:
+        self.count = 0
+        read_after = event_log.read_after
+
+        async def counted(*args: Any, **kwargs: Any) -> list[StoredEvent]:
+            self.count += 1
+            return await read_after(*args, **kwargs)
+
+        event_log.read_after = counted  # type: ignore[method-assign]
 
 
 async def test_sequences_are_gap_free_and_resumable(database_target: DatabaseTarget) -> None:
@@ -156,3 +172,74 @@ async def test_runs_group_what_one_read_finds_and_can_leave_payloads_as_text(
     assert [e.payload_json for e in second] == ['{"name":"c"}', '{"name":"d"}']
     assert all(e.occurred_at.utcoffset() == timedelta(0) for e in first + second), "times in UTC"
     assert [e.thread_id for e in first + second] == ["a", "b", "c", "d"]
+
+
+async def test_append_returns_the_events_as_stored(database_target: DatabaseTarget) -> None:
+    database, event_log = await open_log(database_target)
+    try:
+        await publish(database, event_log, "a")
+        appended = await publish(database, event_log, *(f"n{i}" for i in range(10)))  # COPY on PostgreSQL
+        small = await publish(database, event_log, "b", "c")
+        stored = await event_log.read_after(1, decode=False)
+    finally:
+        await database.dispose()
+    assert [e.sequence for e in appended + small] == list(range(2, 14))
+    assert [(e.sequence, e.type, e.thread_id, e.payload_json) for e in appended + small] == [
+        (e.sequence, e.type, e.thread_id, e.payload_json) for e in stored
+    ]
+    assert [e.occurred_at for e in appended + small] == [e.occurred_at for e in stored]
+
+
+async def test_followers_take_kicked_events_from_memory(database_target: DatabaseTarget) -> None:
+    """After `kick(committed)` a follower at the window's edge takes the events without reading the
+    table, with the same content a read gives; a type filter skips the others in memory too."""
+    database, event_log = await open_log(database_target)
+    reads = CountingReads(event_log)
+    runs = event_log.follow_batches(0, poll_seconds=30)
+    wanted = event_log.follow_batches(0, poll_seconds=30, types=["test.wanted"], decode=False)
+    try:
+        first = await publish(database, event_log, "a")
+        event_log.kick(first)
+        assert [e.payload for e in await asyncio.wait_for(anext(runs), 5)] == [{"name": "a"}]
+        reads_before = reads.count
+        event_log.kick(await publish(database, event_log, "b", "c"))
+        taken = await asyncio.wait_for(anext(runs), 5)
+        assert [(e.sequence, e.payload) for e in taken] == [(2, {"name": "b"}), (3, {"name": "c"})]
+        event_log.kick(await publish(database, event_log, "d", event_type="test.wanted"))
+        taken = await asyncio.wait_for(anext(runs), 5)
+        assert [(e.sequence, e.type) for e in taken] == [(4, "test.wanted")]
+        assert reads.count == reads_before, "served from memory"
+        filtered = await asyncio.wait_for(anext(wanted), 5)
+        assert [(e.sequence, e.payload_json) for e in filtered] == [(4, '{"name":"d"}')]
+        assert taken[0].trace_context == (await event_log.read_after(3))[0].trace_context
+    finally:
+        await runs.aclose()
+        await wanted.aclose()
+        await database.dispose()
+
+
+async def test_a_gap_in_the_window_falls_back_to_the_table(database_target: DatabaseTarget) -> None:
+    """Events another writer committed between two kicked runs (another process of the service, or
+    a writer that kicked without its events) are read from the table: nothing is skipped."""
+    database, event_log = await open_log(database_target)
+    other_process = EventLog(database, event_log._events.metadata)
+    runs = event_log.follow_batches(0, poll_seconds=30)
+    try:
+        event_log.kick(await publish(database, event_log, "a"))
+        assert [e.sequence for e in await asyncio.wait_for(anext(runs), 5)] == [1]
+        await publish(database, other_process, "from another process")
+        event_log.kick(await publish(database, event_log, "c"))
+        taken = await asyncio.wait_for(anext(runs), 5)
+        assert [(e.sequence, e.payload["name"]) for e in taken] == [(2, "from another process"), (3, "c")]
+        await publish(database, event_log, "kicked without events")
+        event_log.kick()
+        taken = await asyncio.wait_for(anext(runs), 5)
+        assert [e.payload["name"] for e in taken] == ["kicked without events"]
+        # The notifier seeing another process's commit beyond the window wakes a read of the table.
+        await publish(database, other_process, "later")
+        assert await event_log.refresh() > 0
+        taken = await asyncio.wait_for(anext(runs), 5)
+        assert [e.payload["name"] for e in taken] == ["later"]
+    finally:
+        await runs.aclose()
+        await database.dispose()
