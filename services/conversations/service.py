@@ -726,7 +726,7 @@ class ConversationsHandlers:
         if not latest:
             return []
         repository = SqlAlchemyConversationsRepository(connection)
-        memberships = await repository.members_of_projects_of_threads(latest)
+        memberships, project_rows = await repository.members_and_projects_of_threads(latest)
         known: dict[str, Row] = {
             row["thread_id"]: row for _project, row in memberships if row["thread_id"] in latest
         }
@@ -745,7 +745,7 @@ class ConversationsHandlers:
             await self._register(connection, registration, latest[thread_id][0].occurred_at)
         if unknown:
             known.update(await repository.threads_by_id(unknown))
-            memberships = await repository.members_of_projects_of_threads(latest)
+            memberships, project_rows = await repository.members_and_projects_of_threads(latest)
         updates: list[tuple[str, dict[str, Any]]] = []
         written: dict[str, dict[str, Any]] = {}
         changed: dict[str, dict[str, Any]] = {}
@@ -762,10 +762,11 @@ class ConversationsHandlers:
                 thread.update(columns)
                 updates.append((thread_id, columns))
                 written[thread_id] = thread
-        await repository.update_threads(updates)
         # The memberships were read before the update: the rows written here replace theirs.
         current = [(project_id, written.get(row["thread_id"], row)) for project_id, row in memberships]
-        return await self._publish_thread_changes(repository, changed, current)
+        return await self._publish_thread_changes(
+            repository, changed, current, project_rows=project_rows, thread_updates=updates
+        )
 
     async def _publish_thread_change(
         self, repository: SqlAlchemyConversationsRepository, thread_id: str
@@ -780,14 +781,19 @@ class ConversationsHandlers:
         repository: SqlAlchemyConversationsRepository,
         changed: Mapping[str, Mapping[str, Any]],
         memberships: Sequence[tuple[str, Mapping[Any, Any]]] | None = None,
+        project_rows: Sequence[Row] | None = None,
+        thread_updates: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> list[NewEvent]:
         """Refreshes the rings showing the `changed` threads (their current rows, as just written)
         and emits, per thread in order, its indicator events (projects by id) and its projects'
         risk events (unarchived projects by id). At most three statements whatever the number of
         threads: the members of their projects (unless the caller passes `memberships`, as
         `members_of_projects_of_threads` returns them, with current rows), those projects and the
-        projects showing them, and one update of the rings."""
+        projects showing them (unless the caller passes them as `project_rows`, a superset is
+        fine), and one update of the rings, which also writes the caller's `thread_updates` (as
+        `update_threads` would)."""
         if not changed:
+            await repository.update_threads(thread_updates)
             return []
         members: dict[str, list[Mapping[Any, Any]]] = {}
         projects_of_thread: dict[str, list[str]] = {thread_id: [] for thread_id in changed}
@@ -797,7 +803,9 @@ class ConversationsHandlers:
             members.setdefault(project_id, []).append(row)
             if row["thread_id"] in projects_of_thread:
                 projects_of_thread[row["thread_id"]].append(project_id)
-        rows = await repository.projects_by_id_or_shown_thread(members, changed)
+        rows = project_rows
+        if rows is None:
+            rows = await repository.projects_by_id_or_shown_thread(members, changed)
         by_id = {project["project_id"]: project for project in rows}
         showing: dict[str, list[Row]] = {}
         for project in rows:
@@ -818,7 +826,7 @@ class ConversationsHandlers:
                 if project_id not in details:
                     details[project_id] = self._detail_of(member_of, members[project_id])
                 events.append(_project_risk_event(member_of, details[project_id], view, thread["node_id"]))
-        await repository.update_projects(rings)
+        await repository.update_threads_and_projects(thread_updates, rings)
         return events
 
     async def apply_scheduler_events(

@@ -222,11 +222,10 @@ class EventLog:
         last: int | None
         if postgres:
             advanced = (
-                await connection.execute(
-                    self._sequencer.update()
-                    .where(self._sequencer.c.id == 1)
-                    .values(last_sequence=self._sequencer.c.last_sequence + len(pending))
-                    .returning(self._sequencer.c.last_sequence)
+                await connection.exec_driver_sql(
+                    f"UPDATE {self._sequencer.name} SET last_sequence = last_sequence + %(count)s "
+                    "WHERE id = 1 RETURNING last_sequence",
+                    {"count": len(pending)},
                 )
             ).scalar_one_or_none()
             last = None if advanced is None else int(advanced) - len(pending)

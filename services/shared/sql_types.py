@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,6 +60,38 @@ async def fetch_driver_rows(
                 row[name] = row[name].astimezone(UTC)
         rows.append(row)
     return rows
+
+
+async def fetch_driver_row_pairs(
+    connection: AsyncConnection, first: Table, second: Table, sql: str, parameters: Mapping[str, Any]
+) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Rows of a hot read of two joined tables as driver SQL (as `fetch_driver_rows`): `sql` selects
+    every column of `first`, then every column of `second` (each in table order, e.g. with
+    `column_list`); each row comes back as a pair of dicts by column name, the second None when its
+    first column is NULL (an outer join found no row there)."""
+    first_names = [column.name for column in first.columns]
+    second_names = [column.name for column in second.columns]
+    first_times = [column.name for column in first.columns if isinstance(column.type, UtcDateTime)]
+    second_times = [column.name for column in second.columns if isinstance(column.type, UtcDateTime)]
+    split = len(first_names)
+    result = await connection.exec_driver_sql(sql, dict(parameters))
+    pairs: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    for values in result.all():
+        left = dict(zip(first_names, values[:split], strict=True))
+        _in_utc(left, first_times)
+        right = None
+        if values[split] is not None:
+            right = dict(zip(second_names, values[split:], strict=True))
+            _in_utc(right, second_times)
+        pairs.append((left, right))
+    return pairs
+
+
+def _in_utc(row: dict[str, Any], names: Sequence[str]) -> None:
+    """Converts the named datetime values of `row` to UTC in place."""
+    for name in names:
+        if row[name] is not None:
+            row[name] = row[name].astimezone(UTC)
 
 
 def column_list(table: Table, qualifier: str = "") -> str:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ARRAY, String, and_, any_, bindparam, false, func, insert, or_, select, text, update
+from sqlalchemy import ARRAY, String, and_, any_, bindparam, false, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.conversations.adapters.tables import messages, project_threads, projects, threads
@@ -19,12 +19,12 @@ from services.conversations.domain.model import (
     ThreadBudget,
     ThreadView,
 )
-from services.shared.sql_types import column_list, fetch_driver_rows
+from services.shared.sql_types import column_list, fetch_driver_row_pairs, fetch_driver_rows
 
 # A row as a mapping of column name to value (SQLAlchemy's RowMapping, or a dict on hot reads).
 Row = Mapping[Any, Any]
 _THREAD_COLUMNS, _THREAD_COLUMNS_OF_T = column_list(threads), column_list(threads, "t")
-_PROJECT_COLUMNS = column_list(projects)
+_PROJECT_COLUMNS, _PROJECT_COLUMNS_OF_P = column_list(projects), column_list(projects, "p")
 
 
 def _json_value(value: Any) -> Any:
@@ -179,41 +179,72 @@ class SqlAlchemyConversationsRepository:
         await self._update_many(threads, threads.c.thread_id, changes)
 
     async def _update_many(self, table: Any, key: Any, changes: Sequence[tuple[str, dict[str, Any]]]) -> None:
-        """Applies `changes` (row id, {column: value}) grouped by their set of columns: on
-        PostgreSQL a group of several rows is one set-based UPDATE (`_update_from_json`), elsewhere
-        one executemany."""
-        groups: dict[tuple[str, ...], list[tuple[str, dict[str, Any]]]] = {}
-        for row_id, values in changes:
-            if values:
-                groups.setdefault(tuple(sorted(values)), []).append((row_id, values))
-        for columns, rows in groups.items():
-            if len(rows) > 1 and self.connection.dialect.name == "postgresql":
-                await self._update_from_json(table, key, columns, rows)
-                continue
-            statement = (
-                update(table)
-                .where(key == bindparam("k_id"))
-                .values({column: bindparam(f"v_{column}") for column in columns})
-            )
-            parameters = [
-                {"k_id": row_id, **{f"v_{column}": value for column, value in values.items()}}
-                for row_id, values in rows
-            ]
-            await self.connection.execute(statement, parameters[0] if len(parameters) == 1 else parameters)
+        """Applies `changes` (row id, {column: value}) grouped by their set of columns (see
+        `_update_tables`)."""
+        await self._update_tables([(table, key, changes)])
 
-    async def _update_from_json(
-        self, table: Any, key: Any, columns: tuple[str, ...], rows: list[tuple[str, dict[str, Any]]]
+    async def _update_tables(
+        self, work: Sequence[tuple[Any, Any, Sequence[tuple[str, dict[str, Any]]]]]
     ) -> None:
-        """One UPDATE ... FROM json_populate_recordset for many rows (PostgreSQL). An executemany
-        costs a statement per row on both sides (~100 us of client CPU each, and the server plans and
-        runs every one); this sends the rows as one JSON array, typed by the table's own row type.
-        Datetimes travel as ISO 8601 text with their offset."""
+        """Applies, per (table, key column, changes), the changes (row id, {column: value}) grouped by
+        their set of columns. On PostgreSQL every group of every table is a set-based UPDATE from a
+        JSON array (`_update_from_json_sql`) and all of them together are one statement (all but
+        the last as data-modifying WITH clauses: each row changes at most once, so their order does
+        not matter), one round trip whatever the number of rows and tables; elsewhere one
+        executemany per group."""
+        postgres = self.connection.dialect.name == "postgresql"
+        updates: list[tuple[str, str]] = []
+        for table, key, changes in work:
+            groups: dict[tuple[str, ...], list[tuple[str, dict[str, Any]]]] = {}
+            for row_id, values in changes:
+                if values:
+                    groups.setdefault(tuple(sorted(values)), []).append((row_id, values))
+            for columns, rows in groups.items():
+                if postgres:
+                    updates.append(
+                        self._update_from_json_sql(table, key, columns, rows, f"rows_{len(updates)}")
+                    )
+                    continue
+                statement = (
+                    update(table)
+                    .where(key == bindparam("k_id"))
+                    .values({column: bindparam(f"v_{column}") for column in columns})
+                )
+                parameters = [
+                    {"k_id": row_id, **{f"v_{column}": value for column, value in values.items()}}
+                    for row_id, values in rows
+                ]
+                await self.connection.execute(
+                    statement, parameters[0] if len(parameters) == 1 else parameters
+                )
+        if not updates:
+            return
+        *first, (last, _payload) = updates
+        prefix = ", ".join(f"update_{index} AS ({sql})" for index, (sql, _) in enumerate(first))
+        combined = f"WITH {prefix} {last}" if first else last
+        await self.connection.exec_driver_sql(
+            combined, {f"rows_{index}": payload for index, (_sql, payload) in enumerate(updates)}
+        )
+
+    def _update_from_json_sql(
+        self,
+        table: Any,
+        key: Any,
+        columns: tuple[str, ...],
+        rows: list[tuple[str, dict[str, Any]]],
+        name: str,
+    ) -> tuple[str, str]:
+        """An UPDATE ... FROM json_populate_recordset for many rows (PostgreSQL; driver SQL taking the
+        parameter `name`) and its JSON payload. An executemany costs a statement per row on both
+        sides (~100 us of client CPU each, and the server plans and runs every one); this sends the
+        rows as one JSON array, typed by the table's own row type. Datetimes travel as ISO 8601
+        text with their offset."""
         quote = self.connection.dialect.identifier_preparer.quote
         key_name, table_name = quote(key.name), quote(table.name)
-        assignments = ", ".join(f"{quote(name)} = source.{quote(name)}" for name in columns)
-        statement = text(
+        assignments = ", ".join(f"{quote(column)} = source.{quote(column)}" for column in columns)
+        statement = (
             f"UPDATE {table_name} AS target SET {assignments} "
-            f"FROM json_populate_recordset(NULL::{table_name}, CAST(:rows AS json)) AS source "
+            f"FROM json_populate_recordset(NULL::{table_name}, %({name})s::json) AS source "
             f"WHERE target.{key_name} = source.{key_name}"
         )
         payload = json.dumps(
@@ -221,7 +252,7 @@ class SqlAlchemyConversationsRepository:
             default=_json_value,
             separators=(",", ":"),
         )
-        await self.connection.execute(statement, {"rows": payload})
+        return statement, payload
 
     async def project(self, project_id: str) -> Row | None:
         """One project row, or None."""
@@ -264,6 +295,58 @@ class SqlAlchemyConversationsRepository:
     async def update_projects(self, changes: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Updates columns of several projects (one executemany per distinct set of columns)."""
         await self._update_many(projects, projects.c.project_id, changes)
+
+    async def update_threads_and_projects(
+        self,
+        thread_changes: Sequence[tuple[str, dict[str, Any]]],
+        project_changes: Sequence[tuple[str, dict[str, Any]]],
+    ) -> None:
+        """`update_threads` and `update_projects` together: one statement on PostgreSQL."""
+        await self._update_tables(
+            [
+                (threads, threads.c.thread_id, thread_changes),
+                (projects, projects.c.project_id, project_changes),
+            ]
+        )
+
+    async def members_and_projects_of_threads(
+        self, thread_ids: Iterable[str]
+    ) -> tuple[list[tuple[str, Row]], list[Row]]:
+        """`members_of_projects_of_threads(thread_ids)` and the rows of those projects and of the
+        projects whose ring shows one of `thread_ids` (as `projects_by_id_or_shown_thread`): one
+        statement on PostgreSQL (the projection reads both for every batch), two elsewhere."""
+        ids = list(set(thread_ids))
+        if not ids:
+            return [], []
+        if self.connection.dialect.name != "postgresql":
+            memberships = await self.members_of_projects_of_threads(ids)
+            return memberships, await self.projects_by_id_or_shown_thread(
+                {project_id for project_id, _row in memberships}, ids
+            )
+        pairs = await fetch_driver_row_pairs(
+            self.connection,
+            projects,
+            threads,
+            "WITH of_threads AS (SELECT DISTINCT project_id FROM project_threads "
+            "WHERE thread_id = ANY(%(ids)s::text[])), "
+            "wanted AS (SELECT project_id FROM of_threads UNION "
+            "SELECT project_id FROM projects WHERE indicator_thread_id = ANY(%(ids)s::text[])) "
+            f"SELECT {_PROJECT_COLUMNS_OF_P}, {_THREAD_COLUMNS_OF_T} FROM wanted "
+            "JOIN projects AS p ON p.project_id = wanted.project_id "
+            "LEFT JOIN of_threads ON of_threads.project_id = p.project_id "
+            "LEFT JOIN project_threads AS member "
+            "ON member.project_id = of_threads.project_id "
+            "LEFT JOIN threads AS t ON t.thread_id = member.thread_id "
+            "ORDER BY p.project_id, t.thread_id",
+            {"ids": ids},
+        )
+        members: list[tuple[str, Row]] = []
+        rows: dict[str, Row] = {}
+        for project, thread in pairs:
+            rows.setdefault(project["project_id"], project)
+            if thread is not None:
+                members.append((project["project_id"], thread))
+        return members, list(rows.values())
 
     async def members_of_projects_of_threads(self, thread_ids: Iterable[str]) -> list[tuple[str, Row]]:
         """(project id, thread row) for every member of every project one of `thread_ids` belongs to,
