@@ -4,12 +4,15 @@ Every unary call and every stream message hands its validated snapshots to the o
 of the process and waits. The batcher runs up to `max_in_flight` transactions at once (default 1,
 which the service uses):
 
-- Before each transaction it collects: it waits while submissions keep arriving, closing the window
-  after `max_wait_seconds` (default 2 ms) without a new one, or once `max_items` snapshots (default
-  2,000) wait, or `max_delay_seconds` (default 10 ms) after it opened. Under load the queue is
-  full already and there is no wait; with closed-loop clients (a worker waits for an ack before it
-  sends more) the window lets their next messages join one commit instead of trickling into many
-  small ones, which costs more per snapshot than the wait.
+- Before each transaction it collects. When submissions arrived while the previous batch was being
+  processed (the batcher is busy), it waits while more keep arriving, closing the window after
+  `max_wait_seconds` (default 2 ms) without a new one, or once `max_items` snapshots (default
+  2,000) wait, or `max_delay_seconds` (default 10 ms) after it opened: with closed-loop clients (a
+  worker waits for an ack before it sends more) the window lets their next messages join one commit
+  instead of trickling into many small ones, which costs more per snapshot than the wait. When a
+  submission finds the batcher idle, it only yields to the event loop while that still brings
+  more (at most `SETTLE_YIELDS` times: messages the server has already read join), then commits:
+  a lone report is not held for a window nobody else will use.
 - A submission is never split; a batch holds at least one submission.
 - After the commit every waiter gets its own outcomes, in its order. If the transaction fails, every
   waiter of that batch gets the error (UNAVAILABLE for connection problems, INTERNAL otherwise) and
@@ -42,6 +45,10 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from services.shared.errors import BossError
 
 log = logging.getLogger(__name__)
+
+# How many times a batch started by a submission to an idle batcher yields to the event loop while
+# that still brings more submissions (module docstring).
+SETTLE_YIELDS = 8
 
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
@@ -155,6 +162,7 @@ class IngestBatcher(Generic[ItemT, ResultT]):
                 await self._task
 
     async def _run(self) -> None:
+        idle = True
         try:
             while True:
                 if not self._pending:
@@ -163,8 +171,10 @@ class IngestBatcher(Generic[ItemT, ResultT]):
                         return
                     self._wakeup.clear()
                     await self._wakeup.wait()
+                    idle = True
                     continue
-                await self._collect_window()
+                await self._collect_window(idle)
+                idle = False
                 batch = self._take_batch()
                 if batch is None:
                     await self._wait_for_a_finished_batch()
@@ -195,9 +205,17 @@ class IngestBatcher(Generic[ItemT, ResultT]):
         while self._in_flight:
             await self._wait_for_a_finished_batch()
 
-    async def _collect_window(self) -> None:
-        """Waits while submissions keep arriving (module docstring)."""
+    async def _collect_window(self, idle: bool) -> None:
+        """Waits while submissions keep arriving (module docstring): yields only when the batcher was
+        `idle`, else lingers up to `max_wait_seconds` per gap."""
         if self._max_wait <= 0:
+            return
+        if idle:
+            for _ in range(SETTLE_YIELDS):
+                seen = self._arrived
+                await asyncio.sleep(0)
+                if self._arrived == seen or self._pending_items >= self._max_items:
+                    return
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._max_delay

@@ -49,6 +49,24 @@ async def test_submissions_arriving_during_a_commit_form_the_next_batch() -> Non
     await batcher.close()
 
 
+async def test_an_idle_batcher_commits_a_lone_submission_without_waiting_for_the_window() -> None:
+    """A submission that finds nothing in flight is not held for the collection window (here a
+    whole second long); submissions arriving during that commit are, to share the next one."""
+    recorder = Recorder(delay=0.05)
+    batcher: IngestBatcher[int, int] = IngestBatcher(recorder, max_wait_seconds=1.0, max_delay_seconds=1.0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    first = asyncio.ensure_future(batcher.submit([1]))
+    await asyncio.sleep(0.02)
+    later = [asyncio.ensure_future(batcher.submit([n])) for n in (2, 3)]
+    assert await first == [2]
+    assert loop.time() - started < 0.5, "the lone submission waited for the window"
+    assert [await f for f in later] == [[4], [6]]
+    assert loop.time() - started >= 1.0, "the busy batcher lingered for more"
+    assert recorder.batches == [[1], [2, 3]]
+    await batcher.close()
+
+
 async def test_max_items_splits_batches_without_splitting_a_submission() -> None:
     recorder = Recorder()
     batcher: IngestBatcher[int, int] = IngestBatcher(recorder, max_items=4)
