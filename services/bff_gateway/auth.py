@@ -2,12 +2,14 @@
 
 Tokens are the HS256 JWTs of services.shared.auth, verified with the one shared secret. A missing or
 refused token is 401 problem+json with `WWW-Authenticate: Bearer`; what a verified token may do is
-checked by each route (403). The raw token is kept so it can be forwarded to the backends, which
-enforce their own rules on the same caller.
+checked by each route (403), before the route reads its request body (request_body.py), so a token
+without the route's scope is refused whatever the body. The raw token is kept so it can be
+forwarded to the backends, which enforce their own rules on the same caller.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -40,6 +42,13 @@ class Caller:
         """Raises 403 problem unless the token carries `scope`."""
         try:
             self.principal.require(scope)
+        except BossError as error:
+            raise problem_for_boss_error(error) from error
+
+    def require_any(self, scopes: Sequence[str]) -> None:
+        """Raises 403 problem (reason SCOPE_MISSING) unless the token carries one of `scopes`."""
+        try:
+            self.principal.require_any(scopes)
         except BossError as error:
             raise problem_for_boss_error(error) from error
 

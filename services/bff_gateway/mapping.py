@@ -226,15 +226,20 @@ def checklist_item(key: str, status: str | None, detail: str = "") -> dict[str, 
     }
 
 
-def projection_checklist_item(key: str, label: str, done: bool, handoff_status: str) -> dict[str, Any]:
-    """A conversations-projection checklist line (`{key, label, done}` plus the thread's handoff
-    status) in the gateway's one shape. The projection marks done the items of a ready package; an
-    item not done is "missing" once the package is ready (the worker did not find it) and "pending"
-    before (nothing gathered yet)."""
+def projection_checklist_item(
+    key: str, label: str, done: bool, handoff_status: str, detail: str = ""
+) -> dict[str, Any]:
+    """A conversations-projection checklist line (`{key, label, done, detail}` plus the thread's
+    handoff status) in the gateway's one shape. The projection marks done the items of a ready
+    package; an item not done is "missing" once the package is ready (the worker did not find it)
+    and "pending" before (nothing gathered yet). `detail` is the ready package's own detail of the
+    item (the same words as the scheduler's checklist); without one (a package made before the
+    projection kept details, or none ready) a done item has "" and the others say why in words."""
     if done:
-        return {"key": key, "label": label, "status": "done", "detail": ""}
+        return {"key": key, "label": label, "status": "done", "detail": detail}
     if handoff_status == "ready":
-        return {"key": key, "label": label, "status": "missing", "detail": "not in the handoff package"}
+        shown = detail or "not in the handoff package"
+        return {"key": key, "label": label, "status": "missing", "detail": shown}
     return {"key": key, "label": label, "status": "pending", "detail": "not gathered yet"}
 
 

@@ -26,6 +26,7 @@ from services.bff_gateway.clients import (
     open_channel,
 )
 from services.bff_gateway.problems import BodySizeLimit, install_problem_handlers, use_problem_media_type
+from services.bff_gateway.request_body import add_body_schemas
 from services.bff_gateway.routers import conversations, handoff, health, threads, workers
 from services.bff_gateway.settings import GatewaySettings, split_host_port
 from services.bff_gateway.state import GatewayState
@@ -107,7 +108,7 @@ def create_app(
             document = get_openapi(
                 title=app.title, version=app.version, description=app.description, routes=app.routes
             )
-            app.openapi_schema = use_problem_media_type(document)
+            app.openapi_schema = use_problem_media_type(add_body_schemas(document))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -629,8 +629,9 @@ class ConversationsHandlers:
             project_ids = (await repository.project_ids_of_threads([thread_id]))[thread_id]
         view = view_of(thread)
         done = json.loads(thread["checklist_done_json"] or "[]")
+        details = json.loads(thread["checklist_details_json"] or "{}")
         return ThreadBudgetView(
-            thread, view, wrap_up_checklist(view.budget, view.handoff_status, done), project_ids
+            thread, view, wrap_up_checklist(view.budget, view.handoff_status, done, details), project_ids
         )
 
     async def list_messages(
@@ -839,9 +840,15 @@ class ConversationsHandlers:
           context_budget_level, context_budget_remaining_pct, compaction_expected_at |
           compaction_count}: the thread's handoff is required, with the reason in words.
         - `thread.handoff.ready` {thread_id (= from_thread_id), handoff_package_id, to_thread_id,
-          missing_items: scheduler checklist item names}: ready; the checklist is done except the
-          missing items.
+          missing_items: scheduler checklist item names, checklist_details: {item: detail in
+          words}, current_for_thread}: ready; the checklist is done except the missing items, and
+          each item carries the package's detail (the scheduler's checklist, so the thread page
+          and `GET .../context-budget` show the same words). A package the scheduler no longer
+          presents as the thread's (`current_for_thread` false: a compaction closed it) is not
+          shown as ready.
         - `thread.handoff.consumed` / `.expired` (same package payload): back to "none".
+        - `thread.handoff.closed` {thread_id, handoff_package_id, package_status, reason
+          "compaction", compaction_count}: a compaction ended the handoff cycle; back to "none".
         - `project.context_strategy.updated` {project_id, master_context_strategy_summary, ...}:
           stores the project's summary (CB-13). The scheduler keys it by the `project_id` workers
           report; a project unknown here is skipped.
@@ -926,11 +933,13 @@ class ConversationsHandlers:
             log.warning("handoff event %s for %s: %s; reason kept as sent", event.sequence, thread_id, error)
             reason = str(payload.get("reason") or "")
         missing = payload.get("missing_items") or []
+        details = payload.get("checklist_details") or {}
         current = HandoffState(
             status=thread["handoff_status"] or HANDOFF_NONE,
             handoff_package_id=thread["handoff_package_id"] or "",
             reason=thread["handoff_reason"] or "",
             checklist_done=tuple(json.loads(thread["checklist_done_json"] or "[]")),
+            checklist_details=json.loads(thread["checklist_details_json"] or "{}"),
         )
         changed = apply_handoff_event(
             current,
@@ -938,6 +947,8 @@ class ConversationsHandlers:
             package_id,
             reason,
             [str(item) for item in missing] if isinstance(missing, list) else [],
+            {str(key): str(value) for key, value in details.items()} if isinstance(details, dict) else {},
+            current_for_thread=payload.get("current_for_thread") is not False,
         )
         if changed is None:
             log.info(
@@ -955,6 +966,7 @@ class ConversationsHandlers:
                 "handoff_package_id": changed.handoff_package_id,
                 "handoff_reason": changed.reason,
                 "checklist_done_json": json.dumps(list(changed.checklist_done)),
+                "checklist_details_json": json.dumps(dict(changed.checklist_details)),
             },
         )
         published: list[NewEvent] = []

@@ -128,7 +128,9 @@ def budget_message(view: ThreadBudgetView) -> pb.ThreadContextBudget:
     return pb.ThreadContextBudget(
         context=summary_message(view.view),
         thread=thread_message(view.thread),
-        wrap_up_checklist=[pb.ChecklistItem(key=i.key, label=i.label, done=i.done) for i in view.checklist],
+        wrap_up_checklist=[
+            pb.ChecklistItem(key=i.key, label=i.label, done=i.done, detail=i.detail) for i in view.checklist
+        ],
         handoff_status=view.view.handoff_status,
         handoff_package_id=view.thread["handoff_package_id"],
         handoff_reason=view.thread["handoff_reason"],

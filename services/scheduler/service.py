@@ -4,7 +4,9 @@ its state changes and outbox events together.
 Commands (imperative): ApplyBudgetEvents (the consumer's batch handler), UploadHandoffPackage,
 ConsumeHandoffPackage, AckWorkerCommand, SetMustFinishBeforeCompaction, SetThreadWorkFacts,
 ExpireHandoffPackages. Events (past tense) published: thread.handoff.required, thread.handoff.ready,
-thread.handoff.consumed, thread.handoff.expired, thread.schedule.updated; and, from the
+thread.handoff.consumed, thread.handoff.expired, thread.handoff.closed (a compaction ended the
+thread's handoff cycle: it no longer presents its draft or ready package, whose own status is
+unchanged), thread.schedule.updated; and, from the
 `StrategyPublisher` (services/scheduler/strategy_publisher.py) after handlers mark the projects they
 changed, project.context_strategy.updated.
 
@@ -106,7 +108,10 @@ def report_from_event(event: StoredEvent) -> BudgetReport | None:
 
 
 def package_payload(package: HandoffPackage) -> dict[str, Any]:
-    """The event payload describing a package's status."""
+    """The event payload describing a package's status: its ids, status and instants (RFC 3339
+    UTC), `missing_items` (the CB-18 items the worker looked for and did not find) and
+    `checklist_details` (item -> the checklist's detail in words, as GetHandoffPackage shows it),
+    so that a projection shows the same checklist as the scheduler."""
     missing = [entry.item for entry in package.content.checklist if entry.status == "missing"]
     return {
         "handoff_package_id": package.handoff_package_id,
@@ -120,6 +125,7 @@ def package_payload(package: HandoffPackage) -> dict[str, Any]:
         "ready_at": isoformat_utc(package.ready_at),
         "consumed_at": isoformat_utc(package.consumed_at),
         "missing_items": missing,
+        "checklist_details": {entry.item: entry.detail for entry in package.content.checklist},
     }
 
 
@@ -250,6 +256,26 @@ class SchedulerHandlers:
         events for the batch's bulk writes."""
         state = decision.state
         subject = {"thread_id": state.thread_id, "project_id": state.project_id, "node_id": state.node_id}
+        compaction = decision.compaction
+        closed_status = compaction.closed_package_status if compaction is not None else None
+        if compaction is not None and closed_status in (PackageStatus.DRAFT, PackageStatus.READY):
+            # A compaction closed the thread's draft or ready package (an expired or consumed one
+            # was over already): the thread no longer presents it.
+            published.append(
+                NewEvent(
+                    "thread.handoff.closed",
+                    {
+                        **subject,
+                        "reason": "compaction",
+                        "handoff_package_id": compaction.closed_package_id,
+                        "package_status": str(closed_status),
+                        "compaction_count": compaction.count,
+                    },
+                    thread_id=state.thread_id,
+                    project_id=state.project_id,
+                    node_id=state.node_id,
+                )
+            )
         if decision.compaction is not None and decision.handoff_missing:
             alert = AlertRow(
                 alert_id=self._new_id(),
@@ -484,8 +510,10 @@ class SchedulerHandlers:
     ) -> HandoffPackage:
         """A worker's package: draft|ready -> ready. Idempotent for a repeated command_id.
 
-        Raises InvalidArgument (missing ids), NotFound (unknown package), PermissionDenied (the
-        thread belongs to another worker or node), FailedPrecondition (consumed or expired).
+        Publishes `thread.handoff.ready` (`package_payload` plus `current_for_thread`: false for a
+        package a compaction closed, which becomes ready but is not the thread's current package
+        again). Raises InvalidArgument (missing ids), NotFound (unknown package), PermissionDenied
+        (the thread belongs to another worker or node), FailedPrecondition (consumed or expired).
         """
         violations = [
             FieldViolation(name, "required")
@@ -533,17 +561,20 @@ class SchedulerHandlers:
                 last_command_id=command_id or package.last_command_id,
             )
             await self.repository.save_package(connection, package)
+            # A package a compaction closed (guarantee.py) can still become ready; the thread does
+            # not present it again, and says so to the projection.
+            is_current = state is not None and state.current_package_id == package.handoff_package_id
             events = [
                 NewEvent(
                     "thread.handoff.ready",
-                    package_payload(package),
+                    {**package_payload(package), "current_for_thread": is_current},
                     thread_id=package.from_thread_id,
                     project_id=package.project_id,
                     node_id=package.node_id,
                 )
             ]
             saved = None
-            if state is not None and state.current_package_id == package.handoff_package_id:
+            if state is not None and is_current:
                 saved = replace(state, current_package_status=PackageStatus.READY)
                 await self.repository.save_threads(connection, [saved], now)
             await self.repository.resolve_alerts(connection, package.from_thread_id, now)

@@ -23,7 +23,7 @@ from services.scheduler.domain.handoff import (
 from services.scheduler.domain.model import Level, ThreadState
 from services.scheduler.service import SchedulerHandlers
 from services.shared.auth import (
-    SCOPE_CONVERSATIONS_WRITE,
+    HANDOFF_CONSUME_SCOPES,
     SCOPE_EVENTS_READ,
     SCOPE_HANDOFF_WRITE,
     SCOPE_SCHEDULER_ADMIN,
@@ -31,7 +31,7 @@ from services.shared.auth import (
     Principal,
     TokenAuthority,
 )
-from services.shared.errors import BossError, PermissionDenied, grpc_status_of
+from services.shared.errors import BossError, grpc_status_of
 from services.shared.event_stream import watch_events
 from services.shared.grpc_server import translate_errors
 from services.shared.time import from_timestamp, to_timestamp
@@ -68,7 +68,6 @@ COMMAND_STATUSES = {
     "delivered": scheduler_pb2.COMMAND_STATUS_DELIVERED,
     "acked": scheduler_pb2.COMMAND_STATUS_ACKED,
 }
-CONSUME_SCOPES = frozenset({SCOPE_SCHEDULER_ADMIN, SCOPE_HANDOFF_WRITE, SCOPE_CONVERSATIONS_WRITE})
 OUTCOMES = {scheduler_pb2.COMMAND_OUTCOME_DONE: "done", scheduler_pb2.COMMAND_OUTCOME_FAILED: "failed"}
 
 
@@ -346,12 +345,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.ConsumeHandoffPackageResponse:
         """ready -> consumed. Needs scheduler:admin (the master), handoff:write (a worker's relay
         thread) or conversations:write (the user, through the gateway)."""
-        principal = self._authority.verify_grpc(context)
-        if not principal.scopes & CONSUME_SCOPES:
-            raise PermissionDenied(
-                "token lacks scope 'scheduler:admin', 'handoff:write' or 'conversations:write'",
-                reason="SCOPE_MISSING",
-            )
+        self._authority.verify_grpc(context).require_any(HANDOFF_CONSUME_SCOPES)
         package = await self._handlers.consume_package(
             request.handoff_package_id, request.consumed_by_thread_id
         )

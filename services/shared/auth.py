@@ -14,7 +14,7 @@ endpoint also accepts `?access_token=`, since browsers cannot set headers on Eve
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -40,6 +40,11 @@ SCOPE_CONVERSATIONS_WRITE = "conversations:write"
 SCOPE_SCHEDULER_READ = "scheduler:read"
 SCOPE_SCHEDULER_ADMIN = "scheduler:admin"
 SCOPE_EVENTS_READ = "events:read"
+
+HANDOFF_CONSUME_SCOPES = (SCOPE_SCHEDULER_ADMIN, SCOPE_HANDOFF_WRITE, SCOPE_CONVERSATIONS_WRITE)
+"""Any one of these lets a caller mark a handoff package consumed: the master agent
+(scheduler:admin), a worker's relay thread (handoff:write) or the user through the gateway
+(conversations:write)."""
 
 WORKER_SCOPES = (SCOPE_CONTEXT_REPORT, SCOPE_THREADS_REGISTER, SCOPE_TASKS_CLAIM, SCOPE_HANDOFF_WRITE)
 CLIENT_SCOPES = (
@@ -77,6 +82,14 @@ class Principal:
         """Raises PermissionDenied unless the token carries `scope`."""
         if scope not in self.scopes:
             raise PermissionDenied(f"token lacks scope {scope!r}", reason="SCOPE_MISSING")
+
+    def require_any(self, scopes: Sequence[str]) -> None:
+        """Raises PermissionDenied (reason SCOPE_MISSING, naming every scope in order) unless the
+        token carries at least one of `scopes`."""
+        if self.scopes.isdisjoint(scopes):
+            names = [repr(scope) for scope in scopes]
+            listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+            raise PermissionDenied(f"token lacks scope {listed}", reason="SCOPE_MISSING")
 
     def require_worker(self, worker_id: str, node_id: str) -> None:
         """Raises PermissionDenied unless this is the worker token of `worker_id` on `node_id`

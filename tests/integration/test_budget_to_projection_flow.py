@@ -10,7 +10,8 @@ uploads the package. Checked on conversations' read API and its event stream (th
 SSE endpoint serves): the home ring follows every report; the scheduler's `thread.handoff.required`
 puts the thread in `threads_requiring_handoff`; `master_context_strategy_summary` is the scheduler's
 summary for the project and names the thread; the upload's `thread.handoff.ready` reaches the stream
-and fills the checklist, leaving the item the worker did not report undone.
+and fills the checklist with the package's details, leaving the item the worker did not report
+undone.
 """
 
 from __future__ import annotations
@@ -426,6 +427,15 @@ async def test_reports_drive_the_ring_the_handoff_and_the_strategy_through_all_t
     assert [(item.key, item.done) for item in ready_page.wrap_up_checklist if not item.done] == [
         ("evidence_links", False)
     ]
+    scheduled = await flow.scheduler.GetThreadSchedule(
+        sched_pb.GetThreadScheduleRequest(thread_id=thread_id), metadata=flow.service()
+    )
+    package_checklist = scheduled.thread_schedule.current_package.checklist
+    assert [(item.key, item.detail) for item in ready_page.wrap_up_checklist] == [
+        (entry.item, entry.detail) for entry in package_checklist
+    ]  # the projection shows the package's own words, as the scheduler does
+    assert ready_page.wrap_up_checklist[0].detail == "found"
+    assert ready_page.wrap_up_checklist[-1].detail == "not reported by the worker"
     critical_and_ready = await flow.detail(project_id)
     assert list(critical_and_ready.threads_requiring_handoff) == []
 

@@ -37,6 +37,7 @@ from services.bff_gateway.auth import CallerDep
 from services.bff_gateway.clients import ChannelSlot
 from services.bff_gateway.mapping import projection_checklist_item
 from services.bff_gateway.problems import ProblemError, error_responses, problem_for_rpc_error
+from services.bff_gateway.request_body import json_body_openapi, read_json_body
 from services.bff_gateway.schemas import ChecklistItemView
 from services.bff_gateway.state import GatewayDep
 from services.shared import config
@@ -240,7 +241,9 @@ def thread_page_view(page: pb.ThreadContextBudget) -> ThreadPageView:
         codex_thread_ref=page.thread.codex_thread_ref,
         context=summary_view(page.context),
         wrap_up_checklist=[
-            ChecklistItemView(**projection_checklist_item(i.key, i.label, i.done, page.handoff_status))
+            ChecklistItemView(
+                **projection_checklist_item(i.key, i.label, i.done, page.handoff_status, i.detail)
+            )
             for i in page.wrap_up_checklist
         ],
         handoff_status=page.handoff_status or "none",  # type: ignore[arg-type]
@@ -382,11 +385,14 @@ async def get_project(project_id: ProjectId, request: Request, caller: CallerDep
     status_code=201,
     responses=error_responses(400, 401, 403, 404, 422, 502, 503),
     summary="Create a group project from threads",
+    openapi_extra=json_body_openapi(CreateGroupBody),
 )
-async def create_group(body: CreateGroupBody, request: Request, caller: CallerDep) -> ProjectDetailView:
+async def create_group(request: Request, caller: CallerDep) -> ProjectDetailView:
     """A group of at least two of the caller's threads (possibly on several nodes); it shows no ring
     on the home list (CB-5). 404 when a thread is unknown; 422 names a bad field."""
+    # The scope before the body: a token without it is 403 whatever it sends (request_body.py).
     caller.require(SCOPE_CONVERSATIONS_WRITE)
+    body = await read_json_body(request, CreateGroupBody)
     response = await conversations_client(request).call(
         "CreateGroupProject",
         pb.CreateGroupProjectRequest(title=body.project_title, thread_ids=body.thread_ids),
@@ -400,12 +406,13 @@ async def create_group(body: CreateGroupBody, request: Request, caller: CallerDe
     response_model=ConversationView,
     responses=error_responses(400, 401, 403, 404, 422, 502, 503),
     summary="Rename a project",
+    openapi_extra=json_body_openapi(RenameBody),
 )
-async def rename_project(
-    project_id: ProjectId, body: RenameBody, request: Request, caller: CallerDep
-) -> ConversationView:
+async def rename_project(project_id: ProjectId, request: Request, caller: CallerDep) -> ConversationView:
     """Sets `project_title` (1-200 characters)."""
+    # The scope before the body: a token without it is 403 whatever it sends (request_body.py).
     caller.require(SCOPE_CONVERSATIONS_WRITE)
+    body = await read_json_body(request, RenameBody)
     response = await conversations_client(request).call(
         "RenameProject",
         pb.RenameProjectRequest(project_id=project_id, title=body.project_title),

@@ -8,9 +8,11 @@
   unreachable gives no checklist (logged), never a failed budget read.
 
 The caller's token is forwarded; the scheduler enforces scopes (read: scheduler:read; consume:
-scheduler:admin, handoff:write or conversations:write). A client token reaches only packages of its
-own owner's threads (the package's from_thread_id, checked with the conversations service, see
-ownership.py); another owner's package is answered exactly as an unknown id (404).
+scheduler:admin, handoff:write or conversations:write). The gateway checks consume's scopes itself
+too, before it reads the optional body, so a token that may not consume is 403 whatever it sends.
+A client token reaches only packages of its own owner's threads (the package's from_thread_id,
+checked with the conversations service, see ownership.py); another owner's package is answered
+exactly as an unknown id (404).
 
 Checklist items have the gateway's one shape `{key, label, status, detail}` (schemas.ChecklistItemView).
 """
@@ -32,8 +34,9 @@ from services.bff_gateway.clients import ChannelSlot, WrapUpView
 from services.bff_gateway.mapping import checklist_item
 from services.bff_gateway.ownership import require_own_thread
 from services.bff_gateway.problems import ProblemError, error_responses, problem_for_rpc_error
+from services.bff_gateway.request_body import json_body_openapi, read_optional_json_body
 from services.bff_gateway.schemas import ID_MAX_LENGTH
-from services.shared.auth import SCOPE_SCHEDULER_READ, bearer_metadata
+from services.shared.auth import HANDOFF_CONSUME_SCOPES, SCOPE_SCHEDULER_READ, bearer_metadata
 from services.shared.errors import PACKAGE_NOT_FOUND
 from services.shared.time import from_timestamp, isoformat_utc
 
@@ -245,13 +248,18 @@ async def _own_package(handoff_package_id: str, caller: Caller, request: Request
     "/{handoff_package_id}/consume",
     summary="Mark a ready handoff package consumed by its relay thread",
     responses=error_responses(401, 403, 404, 409, 422, 502, 503),
+    openapi_extra=json_body_openapi(ConsumeRequest, required=False),
 )
 async def consume_handoff_package(
-    handoff_package_id: PackageId, caller: CallerDep, request: Request, body: ConsumeRequest | None = None
+    handoff_package_id: PackageId, caller: CallerDep, request: Request
 ) -> dict[str, Any]:
     """ready -> consumed. 409 when the package is not ready (consumed twice, draft, expired); 404
     for an unknown id (and, for a client token, another owner's package, left untouched); 403
     without scheduler:admin, handoff:write or conversations:write."""
+    # The scope before the optional ConsumeRequest body: a token that may not consume is 403
+    # whatever it sends (request_body.py).
+    caller.require_any(HANDOFF_CONSUME_SCOPES)
+    body = await read_optional_json_body(request, ConsumeRequest)
     if caller.principal.kind == "client":
         await _own_package(handoff_package_id, caller, request)
     try:

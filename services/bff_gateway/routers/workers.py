@@ -1,9 +1,11 @@
 """Worker ingest over REST: `POST /api/v1/workers/{worker_id}/thread-context` (SPEC CB-10).
 
 The same contract as context_budget's gRPC ReportThreadContext, in the seed's JSON (§5.2). Checks,
-in order: bearer token (401), body size (413), JSON (400), field types and ranges (422), path
-worker_id equal to the body's (400), token scope and binding to the body's worker_id and node_id
-(403); then context_budget validates, classifies and commits, and its answer (or error) is mapped.
+in order: bearer token (401), token scope (403), body size (413), JSON (400), field types and
+ranges (422), path worker_id equal to the body's (400), token binding to the body's worker_id and
+node_id (403); then context_budget validates, classifies and commits, and its answer (or error) is
+mapped. The body is read only once the token's scope is checked (request_body.py), so a token that
+may not report is 401 / 403 whatever it sends.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import grpc
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request
 
 from services.bff_gateway.auth import CallerDep
 from services.bff_gateway.mapping import ack_from_proto, snapshot_to_proto
@@ -22,6 +24,7 @@ from services.bff_gateway.problems import (
     problem_for_grpc_status,
     problem_for_rpc_error,
 )
+from services.bff_gateway.request_body import json_body_openapi, read_json_body
 from services.bff_gateway.schemas import ID_MAX_LENGTH, ThreadContextReport, ThreadContextReportAck
 from services.bff_gateway.state import GatewayDep
 from services.shared.auth import SCOPE_CONTEXT_REPORT
@@ -37,12 +40,13 @@ _FIELD_OF_REASON = {"WORKER_MISMATCH": ("worker_id",), "NODE_MISMATCH": ("node_i
     response_model=ThreadContextReportAck,
     summary="Report one thread's context budget",
     responses=error_responses(400, 401, 403, 404, 409, 413, 422, 429, 502, 503),
+    openapi_extra=json_body_openapi(ThreadContextReport),
 )
 async def report_thread_context(
     worker_id: Annotated[
         str, Path(min_length=1, max_length=ID_MAX_LENGTH, description="The reporting worker.")
     ],
-    report: ThreadContextReport,
+    request: Request,
     caller: CallerDep,
     gateway: GatewayDep,
 ) -> ThreadContextReportAck:
@@ -54,13 +58,16 @@ async def report_thread_context(
     committed; a re-sent snapshot is answered with `duplicate: true`, an older one with
     `superseded: true`.
     """
+    # The scope before the body: a token that may not report is 403 whatever it sends; the
+    # binding to the body's worker and node can only be checked once the body is read.
+    caller.require(SCOPE_CONTEXT_REPORT)
+    report = await read_json_body(request, ThreadContextReport)
     if worker_id != report.worker_id:
         raise invalid_request(
             "worker_id",
             f"path worker_id {worker_id!r} differs from body worker_id {report.worker_id!r}",
             reason="WORKER_ID_MISMATCH",
         )
-    caller.require(SCOPE_CONTEXT_REPORT)
     try:
         caller.principal.require_worker(report.worker_id, report.node_id)
     except PermissionDenied as error:

@@ -86,6 +86,8 @@ threads = Table(
     Column("handoff_package_id", String(200), nullable=False, default=""),
     Column("handoff_reason", Text, nullable=False, default=""),
     Column("checklist_done_json", Text, nullable=False, default="[]"),
+    # JSON object: checklist item key -> the ready package's detail of it (migration 0002).
+    Column("checklist_details_json", Text, nullable=False, default="{}", server_default="{}"),
     Index("ix_threads_owner", "owner_id"),
 )
 

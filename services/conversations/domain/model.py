@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
 MASTER_AGENT = "master_agent"
@@ -272,22 +272,29 @@ CHECKLIST_KEYS: tuple[str, ...] = tuple(key for key, _label in CHECKLIST_ITEMS)
 
 @dataclass(frozen=True)
 class ChecklistEntry:
-    """One line of the wrap-up checklist."""
+    """One line of the wrap-up checklist: `detail` is what the thread's ready handoff package says
+    of the item (the scheduler's checklist detail, in words), "" while no package is ready."""
 
     key: str
     label: str
     done: bool = False
+    detail: str = ""
 
 
 def wrap_up_checklist(
-    budget: ThreadBudget | None, handoff_status: str, done_keys: Iterable[str] = ()
+    budget: ThreadBudget | None,
+    handoff_status: str,
+    done_keys: Iterable[str] = (),
+    details: Mapping[str, str] | None = None,
 ) -> list[ChecklistEntry]:
     """The checklist the thread page shows (CB-14).
 
     In force when the thread is urgent or critical, must finish before compaction, or a handoff was
     required; empty while nothing needs wrapping up. `done_keys` are the items the thread's handoff
     package holds (see `apply_handoff_event`: every item of a ready package except those the
-    scheduler reported missing); nothing is done while the package is only required.
+    scheduler reported missing); nothing is done while the package is only required. `details`
+    (item key -> detail in words, `HandoffState.checklist_details`) are the ready package's own
+    words for each item, done or missing; an item without one has detail "".
     """
     in_force = handoff_status in (HANDOFF_REQUIRED, HANDOFF_READY) or (
         budget is not None
@@ -296,7 +303,8 @@ def wrap_up_checklist(
     if not in_force:
         return []
     done = set(done_keys)
-    return [ChecklistEntry(key, label, key in done) for key, label in CHECKLIST_ITEMS]
+    words = details or {}
+    return [ChecklistEntry(key, label, key in done, words.get(key, "")) for key, label in CHECKLIST_ITEMS]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -306,11 +314,15 @@ SCHEDULER_HANDOFF_REQUIRED = "thread.handoff.required"
 SCHEDULER_HANDOFF_READY = "thread.handoff.ready"
 SCHEDULER_HANDOFF_CONSUMED = "thread.handoff.consumed"
 SCHEDULER_HANDOFF_EXPIRED = "thread.handoff.expired"
+SCHEDULER_HANDOFF_CLOSED = "thread.handoff.closed"
+"""A compaction ended the thread's handoff cycle: it no longer presents the named package (whose
+own status the scheduler leaves unchanged)."""
 SCHEDULER_HANDOFF_EVENTS = (
     SCHEDULER_HANDOFF_REQUIRED,
     SCHEDULER_HANDOFF_READY,
     SCHEDULER_HANDOFF_CONSUMED,
     SCHEDULER_HANDOFF_EXPIRED,
+    SCHEDULER_HANDOFF_CLOSED,
 )
 
 
@@ -323,12 +335,15 @@ class HandoffState:
         handoff_package_id: the scheduler's package the state is about ("" when none).
         reason: why the handoff was required, in words (kept while the package is ready).
         checklist_done: CB-18 checklist keys the package holds.
+        checklist_details: CB-18 checklist key -> the ready package's detail of the item in words
+            (done or missing items alike); empty unless the status is "ready".
     """
 
     status: str = HANDOFF_NONE
     handoff_package_id: str = ""
     reason: str = ""
     checklist_done: tuple[str, ...] = ()
+    checklist_details: Mapping[str, str] = field(default_factory=dict)
 
 
 def handoff_reason_in_words(
@@ -366,6 +381,8 @@ def apply_handoff_event(
     handoff_package_id: str,
     reason: str = "",
     missing_items: Iterable[str] = (),
+    checklist_details: Mapping[str, str] | None = None,
+    current_for_thread: bool = True,
 ) -> HandoffState | None:
     """The thread's handoff state after one of the scheduler's handoff events; None when the event
     is about an older package than the one the thread shows (stale: change nothing).
@@ -373,11 +390,17 @@ def apply_handoff_event(
     - `thread.handoff.required`: always applies (a new requirement replaces whatever was shown);
       status "required", nothing of the checklist done yet.
     - `thread.handoff.ready`: status "ready" and every CB-18 item done except `missing_items` (the
-      scheduler's names of items the worker looked for and did not find); the reason is kept.
+      scheduler's names of items the worker looked for and did not find); the reason is kept, and
+      `checklist_details` (item -> the package's detail in words; other keys are dropped) are kept
+      so the thread page shows the package's own words. When the scheduler says the package is
+      not `current_for_thread` (a compaction closed it before it became ready), the thread does
+      not present it: back to "none" if the thread shows that package, else stale.
     - `thread.handoff.consumed` / `thread.handoff.expired`: back to "none".
+    - `thread.handoff.closed` (a compaction ended the handoff cycle): back to "none"; the package
+      keeps its status at the scheduler, it is just no longer the thread's.
 
-    Ready, consumed and expired are stale when the thread shows another, non-empty package id.
-    Raises ValueError for an event type that is not one of SCHEDULER_HANDOFF_EVENTS.
+    Ready, consumed, expired and closed are stale when the thread shows another, non-empty package
+    id. Raises ValueError for an event type that is not one of SCHEDULER_HANDOFF_EVENTS.
     """
     if event_type == SCHEDULER_HANDOFF_REQUIRED:
         return HandoffState(HANDOFF_REQUIRED, handoff_package_id, reason)
@@ -385,10 +408,14 @@ def apply_handoff_event(
         raise ValueError(f"not a handoff event: {event_type!r}")
     if current.handoff_package_id and handoff_package_id != current.handoff_package_id:
         return None
+    if event_type == SCHEDULER_HANDOFF_READY and not current_for_thread:
+        return HandoffState() if current.handoff_package_id == handoff_package_id else None
     if event_type == SCHEDULER_HANDOFF_READY:
         missing = set(missing_items)
         done = tuple(key for key in CHECKLIST_KEYS if key not in missing)
-        return HandoffState(HANDOFF_READY, handoff_package_id, current.reason or reason, done)
+        given = checklist_details or {}
+        details = {key: given[key] for key in CHECKLIST_KEYS if key in given}
+        return HandoffState(HANDOFF_READY, handoff_package_id, current.reason or reason, done, details)
     return HandoffState()
 
 

@@ -12,6 +12,15 @@ every thread whose reports of an epoch passed through urgent/critical or the hor
 the epoch's package is not ready (or consumed), the decision carries `handoff_missing`: the service
 records a handoff_missing alert and publishes `thread.handoff.required`.
 
+A compaction also ends the handoff cycle of the epoch it closes (CB-6's lifecycle draft -> ready ->
+consumed | expired is the package's; which package the thread presents is the thread's): from the
+report that shows it, the thread has no current package (`current_package_id` "",
+`current_package_status` None) until the new epoch opens its own draft, so a thread never presents
+the package made for the context Codex has just compacted away. The package itself is untouched:
+its status stays what it was (no rule of the spec turns a compaction into consumed or expired), it
+stays readable by id and a relay thread may still consume it. `CompactionSeen.closed_package_id`
+names it so that the service can tell the projection (`thread.handoff.closed`).
+
 Pure: ids come from the caller's `new_id`, time from the report.
 """
 
@@ -61,6 +70,9 @@ class CompactionSeen:
         was_at_risk: the epoch had at least one at-risk report.
         package_ready: the epoch's package was ready or consumed when the compaction showed.
         handoff_package_id: that package, when any.
+        closed_package_id: the package the thread presented as its current one until this report
+            ("" when none); the thread no longer presents it (see the module docstring).
+        closed_package_status: that package's status as the thread knew it (None when none).
     """
 
     previous_count: int
@@ -69,6 +81,8 @@ class CompactionSeen:
     was_at_risk: bool
     package_ready: bool
     handoff_package_id: str
+    closed_package_id: str = ""
+    closed_package_status: PackageStatus | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,43 @@ def is_stale(state: ThreadState, report: BudgetReport) -> bool:
     return report.snapshot_version <= state.snapshot_version
 
 
+def compaction_seen(previous: ThreadState, compaction_count: int) -> CompactionSeen:
+    """What a report with `compaction_count` (above `previous.compaction_count`) shows about the
+    epoch it ends: whether a prepare_handoff went out, whether the epoch was at risk, whether its
+    package was ready (or consumed), and which package the thread presented until now."""
+    package_ready = previous.package_epoch == previous.epoch and previous.current_package_status in (
+        PackageStatus.READY,
+        PackageStatus.CONSUMED,
+    )
+    return CompactionSeen(
+        previous_count=previous.compaction_count,
+        count=compaction_count,
+        prepare_issued=previous.prepare_issued_at is not None,
+        was_at_risk="at_risk" in previous.commands_sent,
+        package_ready=package_ready,
+        handoff_package_id=previous.current_package_id if previous.package_epoch == previous.epoch else "",
+        closed_package_id=previous.current_package_id,
+        closed_package_status=previous.current_package_status if previous.current_package_id else None,
+    )
+
+
+def end_epoch(state: ThreadState, compaction_count: int) -> ThreadState:
+    """The thread's state once a compaction (the new `compaction_count`) is seen: a new epoch with
+    no prepare_handoff, commands or relay thread yet, and no current package (the previous one is
+    not the thread's any more; its own status is left alone, see the module docstring)."""
+    return _evolve(
+        state,
+        epoch=compaction_count,
+        prepare_issued_at=None,
+        prepare_issued_at_critical=False,
+        commands_sent=frozenset(),
+        relay_thread_id="",
+        current_package_id="",
+        current_package_status=None,
+        package_epoch=-1,
+    )
+
+
 def apply_report(
     previous: ThreadState | None,
     report: BudgetReport,
@@ -167,29 +218,9 @@ def apply_report(
     compaction = None
     handoff_missing = False
     if previous is not None and report.compaction_count > previous.compaction_count:
-        package_ready = previous.package_epoch == previous.epoch and previous.current_package_status in (
-            PackageStatus.READY,
-            PackageStatus.CONSUMED,
-        )
-        compaction = CompactionSeen(
-            previous_count=previous.compaction_count,
-            count=report.compaction_count,
-            prepare_issued=previous.prepare_issued_at is not None,
-            was_at_risk="at_risk" in previous.commands_sent,
-            package_ready=package_ready,
-            handoff_package_id=previous.current_package_id
-            if previous.package_epoch == previous.epoch
-            else "",
-        )
-        handoff_missing = not package_ready
-        state = _evolve(
-            state,
-            epoch=report.compaction_count,
-            prepare_issued_at=None,
-            prepare_issued_at_critical=False,
-            commands_sent=frozenset(),
-            relay_thread_id="",
-        )
+        compaction = compaction_seen(previous, report.compaction_count)
+        handoff_missing = not compaction.package_ready
+        state = end_epoch(state, report.compaction_count)
 
     active = previous is None or report.last_total_tokens != previous.last_total_tokens
     state = _evolve(

@@ -6,11 +6,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from boss.conversations.v1 import conversations_pb2 as pb
 
+from services.bff_gateway.routers.handoff import checklist_json
+from services.scheduler import service as scheduler_service
+from services.scheduler.domain.handoff import (
+    ChecklistEntry,
+    HandoffPackage,
+    PackageContent,
+    normalise_checklist,
+)
+from services.scheduler.domain.model import PackageStatus
+from services.scheduler.servicer import package_message
 from tests.conftest import DatabaseTarget
 from tests.integration.bff_gateway_conversations.support import RunningGateway, SseReader, serve_gateway
 from tests.integration.conversations.stack import Stack, budget_payload, running_stack
@@ -325,3 +336,52 @@ async def test_context_budget_read_is_scoped_by_the_real_owner_rule(
     # The owner check passed: the read went on to context_budget, which is not running here.
     assert own.status_code == 503
     assert own.json()["detail"].startswith("context_budget is unavailable")
+
+
+async def test_thread_page_checklist_agrees_with_the_schedulers_for_the_same_package(
+    gateway: RunningGateway, stack: Stack
+) -> None:
+    """The same ready package as `GET .../context-budget` shows it (the scheduler's package through
+    the gateway's handoff mapping) and as `GET .../context-summary` shows it (the scheduler's
+    `thread.handoff.ready` payload through the conversations projection): the same items, statuses
+    and details, done and missing alike."""
+    uploaded = [
+        ChecklistEntry("files_touched", "done", "2 files: parser.py, lexer.py"),
+        ChecklistEntry("patches", "done", "1 patch done, 1 not done"),
+        ChecklistEntry("last_key_command", "done", "pytest -q: exit 1"),
+        ChecklistEntry("last_test_run", "missing", "no test conclusion in the session"),
+        ChecklistEntry("open_questions", "done", "1 open question"),
+        ChecklistEntry("next_actions", "done", "2 next actions"),
+    ]  # evidence_links not reported: the scheduler records it missing
+    now = datetime(2026, 3, 25, 1, 5, tzinfo=UTC)
+    package = HandoffPackage(
+        handoff_package_id="hp-1",
+        project_id="",
+        task_id="",
+        from_thread_id="th-1",
+        to_thread_id="relay-1",
+        node_id="node-a",
+        package_status=PackageStatus.READY,
+        content=PackageContent(checklist=normalise_checklist(uploaded)),
+        epoch=0,
+        created_at=now,
+        ready_at=now,
+    )
+    await register(stack, "th-1")
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 31.5, "urgent"))
+    await stack.scheduler.publish("thread.handoff.required", required_payload("th-1", "hp-1"))
+    ready_payload = {**scheduler_service.package_payload(package), "current_for_thread": True}
+    await stack.scheduler.publish("thread.handoff.ready", ready_payload)
+    await stack.settle()
+
+    page = (await gateway.http.get("/api/v1/threads/th-1/context-summary", headers=gateway.headers())).json()
+
+    scheduler_view = checklist_json(package_message(package))
+    assert page["wrap_up_checklist"] == scheduler_view
+    assert scheduler_view[0]["detail"] == "2 files: parser.py, lexer.py"
+    assert scheduler_view[-1] == {
+        "key": "evidence_links",
+        "label": "Links to required evidence",
+        "status": "missing",
+        "detail": "not reported by the worker",
+    }

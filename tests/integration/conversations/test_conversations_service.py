@@ -329,6 +329,65 @@ async def test_scheduler_handoff_events_set_state_checklist_and_are_relayed(stac
     assert all(not item.done for item in page.wrap_up_checklist)  # urgent: in force, nothing carried over
 
 
+async def test_a_ready_package_shows_its_details_until_a_compaction_closes_it(stack: Stack) -> None:
+    project_id = (await register(stack, "th-1")).project_id
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 31.5, "urgent"))
+    await stack.scheduler.publish("thread.handoff.required", required_payload("th-1", "hp-1"))
+    details = {
+        "files_touched": "2 files: parser.py, lexer.py",
+        "last_test_run": "no test run found in the session",
+        "evidence_links": "not reported by the worker",
+    }
+    await stack.scheduler.publish(
+        "thread.handoff.ready",
+        package_payload(
+            "th-1",
+            "hp-1",
+            "ready",
+            missing_items=["last_test_run", "evidence_links"],
+            checklist_details=details,
+            current_for_thread=True,
+        ),
+    )
+    await stack.settle()
+    page = await thread_page(stack, "th-1")
+    shown = {item.key: (item.done, item.detail) for item in page.wrap_up_checklist}
+    assert shown["files_touched"] == (True, "2 files: parser.py, lexer.py")
+    assert shown["last_test_run"] == (False, "no test run found in the session")
+    assert shown["evidence_links"] == (False, "not reported by the worker")
+    assert shown["patches"] == (True, "")
+
+    await stack.scheduler.publish(
+        "thread.handoff.closed",
+        {
+            "thread_id": "th-1",
+            "project_id": "",
+            "node_id": "node-a",
+            "reason": "compaction",
+            "handoff_package_id": "hp-1",
+            "package_status": "ready",
+            "compaction_count": 1,
+        },
+    )
+    await stack.settle()
+    page = await thread_page(stack, "th-1")
+    assert (page.handoff_status, page.handoff_package_id) == ("none", "")
+    assert all(not item.done and item.detail == "" for item in page.wrap_up_checklist)  # urgent: in force
+
+    late = package_payload("th-1", "hp-1", "ready", checklist_details=details, current_for_thread=False)
+    await stack.scheduler.publish("thread.handoff.ready", late)
+    await stack.settle()
+    assert (await thread_page(stack, "th-1")).handoff_status == "none"
+    relayed = [
+        (t, p["handoff_package_id"]) for t, p in await events_of(stack) if t.startswith("thread.handoff.")
+    ]
+    assert relayed == [("thread.handoff.required", "hp-1"), ("thread.handoff.ready", "hp-1")]
+    detail = (
+        await stack.stub.GetProject(pb.GetProjectRequest(project_id=project_id), metadata=stack.client())
+    ).project
+    assert detail.active_thread_contexts[0].handoff_status == "none"
+
+
 async def test_scheduler_strategy_summary_reaches_the_project_detail_and_the_stream(stack: Stack) -> None:
     project_id = (await register(stack, "th-1")).project_id
     await stack.budget.publish("thread.context.updated", budget_payload("th-1", 31.5, "urgent"))

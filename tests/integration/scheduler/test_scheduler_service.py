@@ -328,3 +328,99 @@ async def test_ranking_choice_and_master_flags(database_target: DatabaseTarget) 
         assert strategies[-1][1]["project_id"] == "p1"
         assert strategies[-1][1]["ranked_thread_ids"] == ["low", "mid", "healthy"]
         assert strategies[-1][1]["new_work_thread_id"] == "mid"
+
+
+async def schedule_of(running: Running, thread_id: str = "t1") -> pb.ThreadSchedule:
+    """GetThreadSchedule of a thread."""
+    response = await running.stub.GetThreadSchedule(
+        pb.GetThreadScheduleRequest(thread_id=thread_id), metadata=running.client()
+    )
+    return response.thread_schedule
+
+
+async def upload(running: Running, prepare: pb.WorkerCommand, **package: object) -> pb.HandoffPackage:
+    """Uploads the package `prepare` asked for, as the thread's worker does."""
+    request = pb.UploadHandoffPackageRequest(
+        worker_id="w1",
+        node_id="n1",
+        command_id=prepare.command_id,
+        handoff_package=pb.HandoffPackage(handoff_package_id=prepare.handoff_package_id, **package),  # type: ignore[arg-type]
+    )
+    return (await running.stub.UploadHandoffPackage(request, metadata=running.worker())).handoff_package
+
+
+async def test_a_compaction_ends_the_threads_handoff_cycle_and_leaves_the_package_as_it_was(
+    database_target: DatabaseTarget,
+) -> None:
+    """Ready package, then a compaction: the thread presents no current package any more, the
+    package keeps its status and can still be read and consumed, `thread.handoff.closed` says so;
+    a draft a compaction closed that becomes ready later is not the thread's package again."""
+    async with running_scheduler(database_target) as running:
+        await running.publish(budget_payload(1, "urgent", 30))
+        prepare = (await next_commands(running, 3))[-1]
+        ready = await upload(
+            running,
+            prepare,
+            checklist=[
+                pb.ChecklistItem(item="files_touched", status=pb.CHECKLIST_ITEM_STATUS_DONE, detail="1 file"),
+                pb.ChecklistItem(
+                    item="last_test_run", status=pb.CHECKLIST_ITEM_STATUS_MISSING, detail="no test ran"
+                ),
+            ],
+        )
+        assert (await schedule_of(running)).current_package.handoff_package_id == ready.handoff_package_id
+        (_, ready_event), *_ = await events_of(running, "thread.handoff.ready")
+        assert ready_event["checklist_details"] == {item.item: item.detail for item in ready.checklist}
+        assert ready_event["checklist_details"]["files_touched"] == "1 file"
+        assert ready_event["current_for_thread"] is True
+
+        await running.publish(budget_payload(2, "safe", 95, compactions=1))
+
+        after = await schedule_of(running)
+        assert not after.HasField("current_package") and after.relay_thread_id == ""
+        package = (
+            await running.stub.GetHandoffPackage(
+                pb.GetHandoffPackageRequest(handoff_package_id=ready.handoff_package_id),
+                metadata=running.client(),
+            )
+        ).handoff_package
+        assert package.package_status == pb.PACKAGE_STATUS_READY and package.ready_at == ready.ready_at
+        closed = await events_of(running, "thread.handoff.closed")
+        assert [
+            (p["handoff_package_id"], p["package_status"], p["reason"], p["compaction_count"])
+            for _, p in closed
+        ] == [(ready.handoff_package_id, "ready", "compaction", 1)]
+        schedules = await events_of(running, "thread.schedule.updated")
+        assert schedules[-1][1]["handoff_package_id"] == "" and schedules[-1][1]["package_status"] is None
+        reasons = [p["reason"] for _, p in await events_of(running, "thread.handoff.required")]
+        assert reasons == ["context_urgent"]  # the ready package covered the compaction
+
+        consumed = (
+            await running.stub.ConsumeHandoffPackage(
+                pb.ConsumeHandoffPackageRequest(handoff_package_id=ready.handoff_package_id),
+                metadata=running.client(),
+            )
+        ).handoff_package
+        assert consumed.package_status == pb.PACKAGE_STATUS_CONSUMED
+        assert not (await schedule_of(running)).HasField("current_package")
+
+        await running.publish(budget_payload(3, "urgent", 30, compactions=1))
+        second = (await next_commands(running, 6))[-1]
+        assert second.command_type == pb.COMMAND_TYPE_PREPARE_HANDOFF
+        assert second.handoff_package_id != ready.handoff_package_id
+        assert (await schedule_of(running)).current_package.package_status == pb.PACKAGE_STATUS_DRAFT
+        await running.publish(budget_payload(4, "safe", 97, compactions=2))
+        late = await upload(running, second, summary_text="written after the compaction")
+
+        assert late.package_status == pb.PACKAGE_STATUS_READY
+        assert not (await schedule_of(running)).HasField("current_package")
+        ready_events = [p for _, p in await events_of(running, "thread.handoff.ready")]
+        assert [(p["handoff_package_id"], p["current_for_thread"]) for p in ready_events] == [
+            (ready.handoff_package_id, True),
+            (second.handoff_package_id, False),
+        ]
+        closed = await events_of(running, "thread.handoff.closed")
+        assert [(p["handoff_package_id"], p["package_status"]) for _, p in closed][-1] == (
+            second.handoff_package_id,
+            "draft",
+        )

@@ -166,6 +166,55 @@ def test_events_about_an_older_package_change_nothing_but_a_new_requirement_does
         apply_handoff_event(shown, "thread.schedule.updated", "hp-2")
 
 
+def test_a_ready_package_keeps_its_checklist_details_for_the_thread_page() -> None:
+    required = apply_handoff_event(HandoffState(), "thread.handoff.required", "hp-1", "urgent")
+    assert required is not None
+    details = {
+        "files_touched": "2 files: parser.py, lexer.py",
+        "last_test_run": "no test run found in the session",
+        "evidence_links": "not reported by the worker",
+        "colour": "not a checklist item",
+    }
+
+    ready = apply_handoff_event(
+        required,
+        "thread.handoff.ready",
+        "hp-1",
+        missing_items=["last_test_run", "evidence_links"],
+        checklist_details=details,
+    )
+
+    assert ready is not None
+    assert dict(ready.checklist_details) == {key: details[key] for key in CHECKLIST_KEYS if key in details}
+    shown = {
+        entry.key: (entry.done, entry.detail)
+        for entry in wrap_up_checklist(None, ready.status, ready.checklist_done, ready.checklist_details)
+    }
+    assert shown["files_touched"] == (True, "2 files: parser.py, lexer.py")
+    assert shown["last_test_run"] == (False, "no test run found in the session")
+    assert shown["evidence_links"] == (False, "not reported by the worker")
+    assert shown["patches"] == (True, "")  # the package said nothing of it
+    consumed = apply_handoff_event(ready, "thread.handoff.consumed", "hp-1")
+    assert consumed == HandoffState() and dict(consumed.checklist_details) == {}
+
+
+def test_a_compaction_closes_the_shown_package_and_a_late_upload_does_not_bring_it_back() -> None:
+    ready = HandoffState("ready", "hp-1", "urgent", CHECKLIST_KEYS, {"patches": "1 patch"})
+
+    closed = apply_handoff_event(ready, "thread.handoff.closed", "hp-1")
+
+    assert closed == HandoffState()
+    assert apply_handoff_event(HandoffState("required", "hp-2"), "thread.handoff.closed", "hp-1") is None
+    # The draft a compaction closed becomes ready later: the scheduler says it is not the thread's.
+    assert apply_handoff_event(closed, "thread.handoff.ready", "hp-1", current_for_thread=False) is None
+    missing = HandoffState("required", "hp-1", "compaction 1 happened with no ready handoff package")
+    assert apply_handoff_event(missing, "thread.handoff.ready", "hp-1", current_for_thread=False) == (
+        HandoffState()
+    )
+    newer = HandoffState("required", "hp-2", "urgent")
+    assert apply_handoff_event(newer, "thread.handoff.ready", "hp-1", current_for_thread=False) is None
+
+
 def test_handoff_reasons_in_words() -> None:
     assert (
         handoff_reason_in_words("context_urgent", level="urgent", remaining_pct=31.46)

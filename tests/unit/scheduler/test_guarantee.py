@@ -140,6 +140,55 @@ def test_compaction_with_ready_package_is_not_missing() -> None:
     assert not decision.handoff_missing
 
 
+def test_a_compaction_ends_the_handoff_cycle_the_ready_package_is_no_longer_the_threads() -> None:
+    urgent = run([report(1, Level.URGENT, 30)])[1][0]
+    ready = replace(urgent.state, current_package_status=PackageStatus.READY)
+    package_id = ready.current_package_id
+
+    decision = apply_report(ready, report(2, Level.SAFE, 95, compactions=1), SETTINGS, lambda: "z")
+
+    assert decision.compaction is not None and decision.compaction.package_ready
+    assert not decision.handoff_missing
+    assert (decision.compaction.closed_package_id, decision.compaction.closed_package_status) == (
+        package_id,
+        PackageStatus.READY,
+    )
+    state = decision.state
+    assert (state.current_package_id, state.current_package_status) == ("", None)
+    assert state.epoch == 1 and state.relay_thread_id == "" and decision.new_package is None
+
+
+def test_a_draft_closed_by_a_compaction_is_missing_and_the_next_risk_opens_a_new_package() -> None:
+    state, decisions = run(
+        [
+            report(1, Level.URGENT, 30),
+            report(2, Level.WATCH, 55, compactions=1),
+            report(3, Level.URGENT, 30, compactions=1),
+        ]
+    )
+    draft_id = decisions[0].state.current_package_id
+    compaction = decisions[1].compaction
+
+    assert compaction is not None and decisions[1].handoff_missing
+    assert compaction.handoff_package_id == draft_id  # the package the alert is about
+    assert (compaction.closed_package_id, compaction.closed_package_status) == (draft_id, PackageStatus.DRAFT)
+    # At watch the new epoch opens its own draft: never the closed one again.
+    assert decisions[1].new_package is not None
+    assert decisions[1].state.current_package_id == decisions[1].new_package.handoff_package_id != draft_id
+    assert decisions[1].state.package_epoch == 1
+    prepare = [c for c in decisions[2].commands if c.command_type is CommandType.PREPARE_HANDOFF]
+    assert state is not None and [c.handoff_package_id for c in prepare] == [state.current_package_id]
+
+
+def test_a_compaction_without_any_package_closes_nothing() -> None:
+    state, decisions = run([report(1, Level.SAFE, 80), report(2, Level.SAFE, 95, compactions=1)])
+
+    compaction = decisions[1].compaction
+    assert compaction is not None
+    assert (compaction.closed_package_id, compaction.closed_package_status) == ("", None)
+    assert state is not None and state.current_package_id == ""
+
+
 def test_stale_and_repeated_reports_change_nothing() -> None:
     state, decisions = run(
         [report(2, Level.URGENT, 30), report(1, Level.CRITICAL, 10), report(2, Level.URGENT, 30)]
@@ -196,6 +245,10 @@ def test_every_compaction_after_risk_had_a_prepare_handoff_before_it(steps: list
             assert epoch_prepares >= 1
             assert all(c.handoff_package_id == decision.state.current_package_id for c in prepares)
         assert epoch_prepares <= 2
+        # The thread only ever presents a package of its current epoch (a compaction closes it).
+        assert decision.state.current_package_id == "" or decision.state.package_epoch == decision.state.epoch
+        if decision.compaction is not None and decision.new_package is None:
+            assert decision.state.current_package_id == ""
         sent = [
             c.command_type for c in decision.commands if c.command_type is not CommandType.PREPARE_HANDOFF
         ]

@@ -9,8 +9,10 @@ import jwt
 import pytest
 
 from services.shared.auth import (
+    HANDOFF_CONSUME_SCOPES,
     SCOPE_CONTEXT_READ,
     SCOPE_CONTEXT_REPORT,
+    SCOPE_SCHEDULER_READ,
     TokenAuthority,
 )
 from services.shared.errors import PermissionDenied, Unauthenticated
@@ -41,6 +43,22 @@ def test_client_token_cannot_report_for_a_worker() -> None:
         principal.require(SCOPE_CONTEXT_REPORT)
     with pytest.raises(PermissionDenied):
         principal.require_worker("worker-mac-01", "mac-01")
+
+
+def test_any_one_of_several_scopes_is_enough_and_none_names_them_all() -> None:
+    authority = TokenAuthority(SECRET)
+    worker = authority.verify(authority.issue_worker("worker-mac-01", "mac-01"))
+    reader = authority.verify(
+        authority.issue(kind="client", subject="client:r", scopes=[SCOPE_SCHEDULER_READ], owner_id="r")
+    )
+
+    worker.require_any(HANDOFF_CONSUME_SCOPES)  # handoff:write
+    with pytest.raises(PermissionDenied) as refused:
+        reader.require_any(HANDOFF_CONSUME_SCOPES)
+    assert refused.value.reason == "SCOPE_MISSING"
+    assert refused.value.message == (
+        "token lacks scope 'scheduler:admin', 'handoff:write' or 'conversations:write'"
+    )
 
 
 def test_expired_and_foreign_tokens_are_refused() -> None:
