@@ -10,9 +10,10 @@ which the service uses):
   2,000) wait, or `max_delay_seconds` (default 10 ms) after it opened: with closed-loop clients (a
   worker waits for an ack before it sends more) the window lets their next messages join one commit
   instead of trickling into many small ones, which costs more per snapshot than the wait. When a
-  submission finds the batcher idle, it only yields to the event loop while that still brings
-  more (at most `SETTLE_YIELDS` times: messages the server has already read join), then commits:
-  a lone report is not held for a window nobody else will use.
+  submission finds the batcher idle, it first yields to the event loop `SETTLE_YIELDS` times
+  (messages the server has already read join): if nothing else arrived meanwhile it commits at
+  once, so a lone report is not held for a window nobody else will use; if more arrived (a burst,
+  e.g. closed-loop clients answering their acks) it collects with the window as above.
 - A submission is never split; a batch holds at least one submission.
 - After the commit every waiter gets its own outcomes, in its order. If the transaction fails, every
   waiter of that batch gets the error (UNAVAILABLE for connection problems, INTERNAL otherwise) and
@@ -211,12 +212,13 @@ class IngestBatcher(Generic[ItemT, ResultT]):
         if self._max_wait <= 0:
             return
         if idle:
+            seen = self._arrived
             for _ in range(SETTLE_YIELDS):
-                seen = self._arrived
                 await asyncio.sleep(0)
-                if self._arrived == seen or self._pending_items >= self._max_items:
-                    return
-            return
+            if self._arrived == seen or self._pending_items >= self._max_items:
+                return
+            # More arrived meanwhile: a burst (closed-loop clients answering their acks); collect
+            # it as a busy batcher does.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._max_delay
         while self._pending_items < self._max_items and not self._closed:

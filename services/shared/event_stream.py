@@ -18,10 +18,13 @@ apply many events per transaction to keep up with its upstream.
   The events of one upstream commit arrive back to back, so they share one transaction instead of
   the first one being applied alone and the rest waiting a whole transaction for the next.
 - Busy stream (events were still queued when the previous batch finished, i.e. the consumer is
-  behind): it lingers to fill the batch, collecting while events keep arriving, closing the window
-  after `linger_seconds` (default 1 ms) without a new one, once `batch_size` events wait, or
-  `max_linger_seconds` (default 5 ms) after it opened. The wait lets the reader (same event loop)
-  run ahead of the applier instead of the two alternating on a handful of events.
+  behind): it takes everything queued (up to `batch_size`) and settles the same way. Upstream
+  responses carry runs of up to 500 events (what one read of its outbox found), so a consumer that
+  falls behind receives big runs and its batches grow by themselves. Optionally it can linger to
+  fill the batch (`linger_seconds` > 0: collecting while events keep arriving, closing the window
+  after `linger_seconds` without a new one, once `batch_size` events wait, or `max_linger_seconds`
+  after it opened); that is off by default: with runs it only added latency (the projection's
+  report -> SSE time at 1,000 snapshots/s) without raising throughput (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -112,8 +115,8 @@ class EventConsumer:
         batch_size: most events applied per transaction.
         after_commit: called (synchronously, no arguments) after each batch's transaction committed,
             e.g. to hand what the batch changed to work that must only see committed rows.
-        linger_seconds / max_linger_seconds: the batch-filling window on a busy stream (module
-            docstring); 0 turns lingering off.
+        linger_seconds / max_linger_seconds: the optional batch-filling window on a busy stream
+            (module docstring); 0 (the default) turns lingering off.
     """
 
     def __init__(
@@ -127,7 +130,7 @@ class EventConsumer:
         event_log: EventLog | None = None,
         batch_size: int = 500,
         after_commit: Callable[[], None] | None = None,
-        linger_seconds: float = 0.001,
+        linger_seconds: float = 0.0,
         max_linger_seconds: float = 0.005,
     ) -> None:
         self.stream_name = stream_name
@@ -263,10 +266,8 @@ class EventConsumer:
         loop (`SETTLE_YIELDS` times at most), a busy one lingers `linger_seconds` at a time for at
         most `max_linger_seconds`."""
         now = asyncio.get_running_loop().time()
-        if not busy:
+        if not busy or self._linger <= 0:
             return await self._keep_taking(inbox, batch, 0, SETTLE_YIELDS, math.inf)
-        if self._linger <= 0:
-            return None
         return await self._keep_taking(inbox, batch, self._linger, sys.maxsize, now + self._max_linger)
 
     async def _follow_once(self) -> None:

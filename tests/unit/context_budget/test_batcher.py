@@ -67,6 +67,22 @@ async def test_an_idle_batcher_commits_a_lone_submission_without_waiting_for_the
     await batcher.close()
 
 
+async def test_an_idle_batcher_that_sees_a_burst_collects_it_with_the_window() -> None:
+    """More arriving while the idle batcher yields is a burst: it then waits out the window, so a
+    submission 20 ms later (inside the 50 ms gap) still shares the commit."""
+    recorder = Recorder()
+    batcher: IngestBatcher[int, int] = IngestBatcher(recorder, max_wait_seconds=0.05, max_delay_seconds=1.0)
+
+    async def submit_after(item: int, delay: float) -> list[int]:
+        await asyncio.sleep(delay)
+        return await batcher.submit([item])
+
+    results = await asyncio.gather(batcher.submit([1]), submit_after(2, 0), submit_after(3, 0.02))
+    assert results == [[2], [4], [6]]
+    assert recorder.batches == [[1, 2, 3]]
+    await batcher.close()
+
+
 async def test_max_items_splits_batches_without_splitting_a_submission() -> None:
     recorder = Recorder()
     batcher: IngestBatcher[int, int] = IngestBatcher(recorder, max_items=4)
