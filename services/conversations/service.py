@@ -819,7 +819,8 @@ class ConversationsHandlers:
             for project in showing.get(thread_id, []):
                 indicator = indicator_for(project["conversation_type"], thread_id, view.budget)
                 rings.append((project["project_id"], indicator_columns(indicator)))
-                events.append(_indicator_event(project, indicator))
+                if not indicator.shows_the_same_as(indicator_of(project)):
+                    events.append(_indicator_event(project, indicator))
             for project_id in projects_of_thread[thread_id]:
                 member_of = by_id.get(project_id)
                 if member_of is None or member_of["archived_at"] is not None:

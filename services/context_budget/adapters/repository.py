@@ -15,7 +15,7 @@ Core statements with executemany.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -99,6 +99,18 @@ _STATE_COLUMNS = (
     ("compaction_risk_alert_id", "text"),
     ("updated_at", "timestamptz"),
 )
+_ALERT_COLUMNS = (
+    ("alert_id", "text"),
+    ("thread_id", "text"),
+    ("project_id", "text"),
+    ("alert_type", "text"),
+    ("alert_status", "text"),
+    ("reason", "text"),
+    ("opened_at", "timestamptz"),
+    ("acked_at", "timestamptz"),
+    ("resolved_at", "timestamptz"),
+)
+_ALERT_NAMES = ", ".join(name for name, _type in _ALERT_COLUMNS)
 _HEAD_COLUMNS = (
     "thread_id",
     "context_budget_level",
@@ -209,7 +221,15 @@ def _state_of(row: RowMapping) -> ThreadState:
     )
 
 
-def _alert_of(row: RowMapping) -> Alert:
+def _in_utc(row: dict[str, Any]) -> dict[str, Any]:
+    """An alert row read as driver SQL with its times in UTC (as UtcDateTime returns them)."""
+    for name in ("opened_at", "acked_at", "resolved_at"):
+        if row[name] is not None:
+            row[name] = row[name].astimezone(UTC)
+    return row
+
+
+def _alert_of(row: Mapping[Any, Any]) -> Alert:
     return Alert(
         alert_id=row["alert_id"],
         thread_id=row["thread_id"],
@@ -464,9 +484,19 @@ class SqlAlchemyContextRepository:
         await connection.execute(self._upsert_state, [dict(zip(names, row, strict=True)) for row in rows])
 
     async def insert_alerts(self, connection: AsyncConnection, alerts: Sequence[Alert]) -> None:
-        """Inserts new alerts (one executemany)."""
-        if alerts:
-            await connection.execute(insert(thread_context_alerts), [_alert_row(alert) for alert in alerts])
+        """Inserts new alerts: one INSERT from arrays on PostgreSQL (driver SQL: ingest writes them
+        in its transaction), one executemany elsewhere."""
+        if not alerts:
+            return
+        rows = [_alert_row(alert) for alert in alerts]
+        if self._postgres:
+            values = [tuple(row[name] for name, _type in _ALERT_COLUMNS) for row in rows]
+            await connection.exec_driver_sql(
+                f"INSERT INTO thread_context_alerts ({_ALERT_NAMES}) " + _unnest_select(_ALERT_COLUMNS),
+                _as_columns(values),
+            )
+            return
+        await connection.execute(insert(thread_context_alerts), rows)
 
     async def resolve_alerts(
         self, connection: AsyncConnection, alert_ids: Collection[str], now: datetime
@@ -474,6 +504,15 @@ class SqlAlchemyContextRepository:
         """Resolves the listed alerts that are not resolved yet; returns those it changed."""
         if not alert_ids:
             return []
+        if self._postgres:
+            result = await connection.exec_driver_sql(
+                "UPDATE thread_context_alerts SET alert_status = %(resolved)s, resolved_at = %(now)s "
+                "WHERE alert_id = ANY(%(ids)s::text[]) AND alert_status <> %(resolved)s "
+                f"RETURNING {_ALERT_NAMES}",
+                {"resolved": AlertStatus.RESOLVED.value, "now": now, "ids": list(alert_ids)},
+            )
+            names = [name for name, _type in _ALERT_COLUMNS]
+            return [_alert_of(_in_utc(dict(zip(names, row, strict=True)))) for row in result.all()]
         table = thread_context_alerts
         statement = (
             update(table)

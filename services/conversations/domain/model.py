@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 MASTER_AGENT = "master_agent"
@@ -127,6 +127,12 @@ class Indicator:
     def as_payload(self) -> dict[str, object]:
         """The `context_budget_indicator` JSON object (seed §6.1)."""
         return {"visible": self.visible, "style": self.style, "percent": self.percent, "level": self.level}
+
+    def shows_the_same_as(self, other: Indicator) -> bool:
+        """Whether the two rings show the same thing: visibility, whole percent, level, thread,
+        source node and must-finish flag. Only the time of the reading may differ: a new reading
+        of 61.8 % after one of 61.6 % leaves a ring that shows 61 % unchanged."""
+        return replace(self, updated_at=None) == replace(other, updated_at=None)
 
 
 HIDDEN = Indicator(visible=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,29 @@ async def test_older_or_replayed_readings_change_nothing(stack: Stack) -> None:
     await stack.settle()
     row = (await home(stack)).conversations[0]
     assert row.context_budget_indicator.percent == 40
+
+
+async def test_a_reading_that_leaves_the_ring_unchanged_publishes_no_indicator_event(stack: Stack) -> None:
+    """61.6 % and then 61.8 % both show 61 % (rings show whole percents, rounded down): the second
+    reading refreshes the row's time and the project's risk, but sends no
+    `conversation.context_indicator.updated` (the ring did not change); a third at 58.9 % does."""
+    await register(stack, "th-1")
+    for version, percent in ((1, 61.6), (2, 61.8), (3, 58.9)):
+        payload = budget_payload("th-1", percent, "safe", version=version)
+        await stack.budget.publish("thread.context.updated", payload)
+        await stack.settle()
+    events = await events_of(stack)
+    rings = [
+        p["context_budget_indicator"]["percent"]
+        for t, p in events
+        if t == "conversation.context_indicator.updated"
+    ]
+    risks = [p["thread_context"]["remaining_pct"] for t, p in events if t == "project.context_risk.updated"]
+    assert rings == [61, 58]
+    assert risks == [61.6, 61.8, 58.9]
+    row = (await home(stack)).conversations[0]
+    assert row.context_budget_indicator.percent == 58
+    assert row.context_budget_updated_at.ToDatetime(UTC) == T0 + timedelta(seconds=3, milliseconds=5)
 
 
 async def test_unregistered_reporting_thread_is_imported_for_the_default_owner(stack: Stack) -> None:

@@ -4,6 +4,7 @@ handoff events and reasons, page tokens."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,6 +15,7 @@ from services.conversations.domain.model import (
     MASTER_AGENT,
     SINGLE_DEVICE,
     HandoffState,
+    Indicator,
     ThreadBudget,
     ThreadView,
     apply_handoff_event,
@@ -241,3 +243,17 @@ def test_ids_and_titles() -> None:
     assert default_title("th-1", "/home/dev/north-line/") == "north-line"
     assert default_title("th-1", "C:\\work\\pilot") == "pilot"
     assert default_title("th-1", "") == "th-1"
+
+
+def test_rings_that_differ_only_in_the_time_of_the_reading_show_the_same() -> None:
+    at = datetime(2026, 3, 25, 8, 0, tzinfo=UTC)
+    ring = Indicator(visible=True, percent=61, level="safe", thread_id="t", source_node_id="n", updated_at=at)
+    assert ring.shows_the_same_as(replace(ring, updated_at=at + timedelta(seconds=15)))
+    for changed in (
+        replace(ring, percent=60),
+        replace(ring, level="watch"),
+        replace(ring, visible=False),
+        replace(ring, source_node_id="other"),
+        replace(ring, must_finish_before_compaction=True),
+    ):
+        assert not ring.shows_the_same_as(changed)
