@@ -202,6 +202,19 @@ def snapshot(thread_id: str, pct: float) -> dict[str, Any]:
     }
 
 
+# The whole percent each seeded thread's ring shows now (what the seed and the probe reported).
+_SHOWN_PERCENT: dict[str, int] = {}
+
+
+def probe_percent(thread_id: str, wanted: int) -> int:
+    """`wanted` (1-98), or the next whole percent when the thread's ring shows `wanted` already: the
+    projection publishes an indicator event only when the ring changes, and every probe report must
+    produce one."""
+    percent = wanted if _SHOWN_PERCENT.get(thread_id) != wanted else wanted % 98 + 1
+    _SHOWN_PERCENT[thread_id] = percent
+    return percent
+
+
 async def seed(base_url: str, conversations_address: str, authority: TokenAuthority) -> None:
     """1,000 registered threads, each with one reported budget, all rings visible."""
     worker = authority.issue_worker(WORKER, NODE)
@@ -215,7 +228,7 @@ async def seed(base_url: str, conversations_address: str, authority: TokenAuthor
                 index = queue.pop()
                 response = await http.post(
                     f"/api/v1/workers/{WORKER}/thread-context",
-                    json=snapshot(f"bench-{index:04d}", 20 + index % 80),
+                    json=snapshot(f"bench-{index:04d}", probe_percent(f"bench-{index:04d}", 20 + index % 80)),
                 )
                 response.raise_for_status()
 
@@ -508,7 +521,9 @@ async def bench_sse(
     try:
         for round_index in range(rounds):
             thread_id = f"bench-{round_index % PROJECTS:04d}"
-            percent = 1 + (round_index * 7 + clients + (3 if transport == "rest" else 0)) % 98
+            percent = probe_percent(
+                thread_id, 1 + (round_index * 7 + clients + (3 if transport == "rest" else 0)) % 98
+            )
             key = f"{thread_id}:{percent}"
             if probe is not None:
                 probe.forget(thread_id)
