@@ -323,6 +323,7 @@ async def run_stack(arguments: argparse.Namespace) -> int:
         print("\nStopping…")
         for process in reversed(processes):
             process.stop()
+        print("Stopped: every service and the worker have exited.")
 
 
 def main() -> None:
