@@ -10,21 +10,13 @@ is applied in one transaction of the consumer's own database *together with* the
 idempotent by sequence for safety, and must not call other services.
 
 Batching: a transaction costs a few milliseconds whatever its size, so under load the consumer must
-apply many events per transaction to keep up with its upstream.
-
-- Idle stream (nothing was waiting when the previous batch finished): the first event is applied
-  almost at once, together with whatever the reader can take off the connection without waiting
-  (the applier yields to the event loop while that grows the queue, at most `SETTLE_YIELDS` times).
-  The events of one upstream commit arrive back to back, so they share one transaction instead of
-  the first one being applied alone and the rest waiting a whole transaction for the next.
-- Busy stream (events were still queued when the previous batch finished, i.e. the consumer is
-  behind): it takes everything queued (up to `batch_size`) and settles the same way. Upstream
-  responses carry runs of up to 500 events (what one read of its outbox found), so a consumer that
-  falls behind receives big runs and its batches grow by themselves. Optionally it can linger to
-  fill the batch (`linger_seconds` > 0: collecting while events keep arriving, closing the window
-  after `linger_seconds` without a new one, once `batch_size` events wait, or `max_linger_seconds`
-  after it opened); that is off by default: with runs it only added latency (the projection's
-  report -> SSE time at 1,000 snapshots/s) without raising throughput (bench/RESULTS.md).
+apply many events per transaction to keep up with its upstream. A batch is everything the reader has
+queued (up to `batch_size`), plus whatever it can take off the connection without waiting: the
+applier yields to the event loop while that grows the batch, at most `SETTLE_YIELDS` times. Upstream
+responses carry runs of up to 500 events (what one read of its outbox found), so a consumer that
+falls behind receives big runs and its batches grow by themselves; an idle one applies a new event
+almost at once. (Waiting a millisecond or more for further events, as an earlier version did on a
+busy stream, only added latency once responses carried runs: bench/RESULTS.md.)
 """
 
 from __future__ import annotations
@@ -33,9 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import random
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -115,8 +105,6 @@ class EventConsumer:
         batch_size: most events applied per transaction.
         after_commit: called (synchronously, no arguments) after each batch's transaction committed,
             e.g. to hand what the batch changed to work that must only see committed rows.
-        linger_seconds / max_linger_seconds: the optional batch-filling window on a busy stream
-            (module docstring); 0 (the default) turns lingering off.
     """
 
     def __init__(
@@ -130,8 +118,6 @@ class EventConsumer:
         event_log: EventLog | None = None,
         batch_size: int = 500,
         after_commit: Callable[[], None] | None = None,
-        linger_seconds: float = 0.0,
-        max_linger_seconds: float = 0.005,
     ) -> None:
         self.stream_name = stream_name
         self._database = database
@@ -141,8 +127,6 @@ class EventConsumer:
         self._event_log = event_log
         self._batch_size = batch_size
         self._after_commit = after_commit
-        self._linger = linger_seconds
-        self._max_linger = max_linger_seconds
         self.last_sequence = 0
         self.batches_applied = 0
         self.applied = asyncio.Condition()
@@ -245,30 +229,19 @@ class EventConsumer:
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 10.0)
 
-    async def _keep_taking(
-        self, inbox: _Inbox, batch: list[StoredEvent], pause: float, rounds: int, until: float
-    ) -> BaseException | None:
-        """Pauses and takes what arrived, for as long as each pause brings more: at most `rounds`
-        times, until the batch is full or loop time `until`. Returns a failure the reader queued."""
-        loop = asyncio.get_running_loop()
-        for _ in range(rounds):
-            if len(batch) >= self._batch_size or loop.time() >= until:
+    async def _settle(self, inbox: _Inbox, batch: list[StoredEvent]) -> BaseException | None:
+        """Grows a batch before it is applied (module docstring): yields to the loop and takes what
+        arrived, for as long as each yield brings more (`SETTLE_YIELDS` times at most) and the
+        batch is not full. Returns a failure the reader queued."""
+        for _ in range(SETTLE_YIELDS):
+            if len(batch) >= self._batch_size:
                 return None
             seen = len(batch)
-            await asyncio.sleep(pause)
+            await asyncio.sleep(0)
             failure = inbox.take(batch, self._batch_size)
             if failure is not None or len(batch) == seen:
                 return failure
         return None
-
-    async def _fill(self, inbox: _Inbox, batch: list[StoredEvent], busy: bool) -> BaseException | None:
-        """Grows a batch before it is applied (module docstring): an idle stream only yields to the
-        loop (`SETTLE_YIELDS` times at most), a busy one lingers `linger_seconds` at a time for at
-        most `max_linger_seconds`."""
-        now = asyncio.get_running_loop().time()
-        if not busy or self._linger <= 0:
-            return await self._keep_taking(inbox, batch, 0, SETTLE_YIELDS, math.inf)
-        return await self._keep_taking(inbox, batch, self._linger, sys.maxsize, now + self._max_linger)
 
     async def _follow_once(self) -> None:
         cursor = await self.load_cursor()
@@ -285,18 +258,16 @@ class EventConsumer:
                 await inbox.queue.put(error)
 
         reader = asyncio.create_task(read())
-        busy = False
         try:
             while True:
                 batch: list[StoredEvent] = []
                 failure = await inbox.wait(batch, self._batch_size)
                 if failure is None:
-                    failure = await self._fill(inbox, batch, busy)
+                    failure = await self._settle(inbox, batch)
                 if batch:
                     await self.apply(batch)
                 if failure is not None:
                     raise failure
-                busy = inbox.waiting()
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -314,10 +285,6 @@ class _Inbox:
 
     queue: asyncio.Queue[list[StoredEvent] | BaseException]
     carry: list[StoredEvent] = field(default_factory=list)
-
-    def waiting(self) -> bool:
-        """Whether events are waiting (the consumer is behind)."""
-        return bool(self.carry) or not self.queue.empty()
 
     async def wait(self, batch: list[StoredEvent], limit: int) -> BaseException | None:
         """Waits for at least one event (unless some are carried) and moves up to `limit` into
