@@ -55,9 +55,7 @@ async def fetch_driver_rows(
     rows: list[dict[str, Any]] = []
     for values in result.all():
         row = dict(zip(names, values, strict=True))
-        for name in times:
-            if row[name] is not None:
-                row[name] = row[name].astimezone(UTC)
+        _in_utc(row, times)
         rows.append(row)
     return rows
 

@@ -42,6 +42,7 @@ from services.context_budget.domain.model import (
     ThreadState,
     ThresholdPolicy,
 )
+from services.shared.sql_types import column_list, fetch_driver_rows
 
 _READING_FIELDS = (
     "project_id",
@@ -219,14 +220,6 @@ def _state_of(row: RowMapping) -> ThreadState:
         compaction_risk_alert_id=row["compaction_risk_alert_id"],
         updated_at=row["updated_at"],
     )
-
-
-def _in_utc(row: dict[str, Any]) -> dict[str, Any]:
-    """An alert row read as driver SQL with its times in UTC (as UtcDateTime returns them)."""
-    for name in ("opened_at", "acked_at", "resolved_at"):
-        if row[name] is not None:
-            row[name] = row[name].astimezone(UTC)
-    return row
 
 
 def _alert_of(row: Mapping[Any, Any]) -> Alert:
@@ -505,14 +498,15 @@ class SqlAlchemyContextRepository:
         if not alert_ids:
             return []
         if self._postgres:
-            result = await connection.exec_driver_sql(
+            rows = await fetch_driver_rows(
+                connection,
+                thread_context_alerts,
                 "UPDATE thread_context_alerts SET alert_status = %(resolved)s, resolved_at = %(now)s "
                 "WHERE alert_id = ANY(%(ids)s::text[]) AND alert_status <> %(resolved)s "
-                f"RETURNING {_ALERT_NAMES}",
+                f"RETURNING {column_list(thread_context_alerts)}",
                 {"resolved": AlertStatus.RESOLVED.value, "now": now, "ids": list(alert_ids)},
             )
-            names = [name for name, _type in _ALERT_COLUMNS]
-            return [_alert_of(_in_utc(dict(zip(names, row, strict=True)))) for row in result.all()]
+            return [_alert_of(row) for row in rows]
         table = thread_context_alerts
         statement = (
             update(table)
