@@ -23,23 +23,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import create_engine, text
-
+from bench import handler_harness
 from bench.ingest_bench import python_speed_reference
+from services.context_budget.domain.policy import DEFAULT_POLICY, classify
 from services.conversations import server as conversations_server
 from services.conversations.adapters.tables import event_cursors
 from services.conversations.domain.model import Registration
 from services.shared.auth import TokenAuthority
 from services.shared.db import Database
 from services.shared.event_stream import EventConsumer
-from services.shared.migrations import sync_url
 from services.shared.outbox import StoredEvent
 
 DEFAULT_URL = os.environ.get("BOSS_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -52,7 +50,7 @@ def budget_event(sequence: int, thread_id: str, percent: float) -> StoredEvent:
     """One `thread.context.updated` event as the consumer hands it to the handler (payload decoded;
     the fields context_budget's `updated_event` writes)."""
     at = NOW + timedelta(milliseconds=sequence)
-    level = "safe" if percent > 60 else "watch" if percent > 40 else "urgent" if percent > 20 else "critical"
+    level = classify(percent, DEFAULT_POLICY).value
     payload = {
         "thread_id": thread_id,
         "project_id": "",
@@ -83,34 +81,12 @@ def budget_event(sequence: int, thread_id: str, percent: float) -> StoredEvent:
         "master_actions": [],
         "next_required_report_in_seconds": 15,
     }
-    return StoredEvent(
-        sequence=sequence,
-        type="thread.context.updated",
-        occurred_at=at,
-        thread_id=thread_id,
-        project_id="",
-        node_id=NODE,
-        payload=json.loads(json.dumps(payload)),
-        trace_context={},
-    )
-
-
-def reset_schema(url: str) -> None:
-    """Drops the benchmark's schema, so every run starts empty."""
-    engine = create_engine(sync_url(url))
-    with engine.begin() as connection:
-        connection.execute(text(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE'))
-    engine.dispose()
-
-
-async def _never(_after: int) -> Any:  # pragma: no cover - the stream is never opened
-    raise RuntimeError("the handler benchmark feeds EventConsumer.apply directly")
-    yield
+    return handler_harness.budget_event(sequence, at, payload)
 
 
 async def bench(url: str, batch: int, batches: int, threads: int, runs: int) -> list[dict[str, Any]]:
     """Registers `threads` threads, then applies `batches` batches `runs` times; one result per run."""
-    reset_schema(url)
+    handler_harness.reset_schema(url, SCHEMA)
     await conversations_server.migrate(url, SCHEMA)
     database = Database.connect(url, SCHEMA)
     app = conversations_server.build_app(database, TokenAuthority("x" * 64))
@@ -120,7 +96,7 @@ async def bench(url: str, batch: int, batches: int, threads: int, runs: int) -> 
         stream_name="context_budget",
         database=database,
         cursors=event_cursors,
-        open_stream=_never,
+        open_stream=handler_harness.never_opened,
         handle=handlers.apply_budget_events,
         event_log=event_log,
         batch_size=max(batch, 500),

@@ -24,23 +24,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import time
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
+from bench import handler_harness
 from bench.scheduler_bench import NOW, budget_payload
 from services.scheduler import server as scheduler_server
 from services.scheduler.adapters import tables
 from services.scheduler.domain.model import SchedulerSettings
-from services.scheduler.service import BUDGET_EVENT, SchedulerHandlers
+from services.scheduler.service import SchedulerHandlers
 from services.shared.db import Database
 from services.shared.event_stream import EventConsumer
-from services.shared.migrations import sync_url
 from services.shared.outbox import EventLog, StoredEvent
 
 DEFAULT_URL = os.environ.get("BOSS_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -50,35 +49,14 @@ SCHEMA = "bench_scheduler_handler"
 def budget_event(sequence: int, threads: int, rng: random.Random) -> StoredEvent:
     """One `thread.context.updated` event as the consumer hands it to the handler (payload decoded;
     `bench.scheduler_bench.budget_payload`)."""
-    payload = budget_payload(sequence, threads, rng)
-    return StoredEvent(
-        sequence=sequence,
-        type=BUDGET_EVENT,
-        occurred_at=NOW + timedelta(seconds=sequence),
-        thread_id=payload["thread_id"],
-        project_id=payload["project_id"],
-        node_id=payload["node_id"],
-        payload=json.loads(json.dumps(payload)),
-        trace_context={},
+    return handler_harness.budget_event(
+        sequence, NOW + timedelta(seconds=sequence), budget_payload(sequence, threads, rng)
     )
-
-
-def reset_schema(url: str) -> None:
-    """Drops the benchmark's schema, so every run starts empty."""
-    engine = create_engine(sync_url(url))
-    with engine.begin() as connection:
-        connection.execute(text(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE'))
-    engine.dispose()
-
-
-async def _never(_after: int) -> Any:  # pragma: no cover - the stream is never opened
-    raise RuntimeError("the handler benchmark feeds EventConsumer.apply directly")
-    yield
 
 
 async def bench(url: str, events: int, batch: int, threads: int, runs: int) -> list[dict[str, Any]]:
     """Seeds `threads` threads, then applies `events` events `runs` times; one result per run."""
-    reset_schema(url)
+    handler_harness.reset_schema(url, SCHEMA)
     await scheduler_server.migrate(url, SCHEMA)
     database = Database.connect(url, SCHEMA)
     event_log = EventLog(database, tables.metadata)
@@ -88,7 +66,7 @@ async def bench(url: str, events: int, batch: int, threads: int, runs: int) -> l
         stream_name="context_budget",
         database=database,
         cursors=tables.event_cursors,
-        open_stream=_never,
+        open_stream=handler_harness.never_opened,
         handle=handlers.apply_budget_events,
         event_log=event_log,
         batch_size=batch,
