@@ -39,6 +39,7 @@ from services.shared.auth import TokenAuthority
 from services.shared.db import Database
 from services.shared.event_stream import EventConsumer
 from services.shared.outbox import StoredEvent
+from services.shared.runtime import tune_garbage_collection
 
 DEFAULT_URL = os.environ.get("BOSS_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 SCHEMA = "bench_conversations_handler"
@@ -84,8 +85,12 @@ def budget_event(sequence: int, thread_id: str, percent: float) -> StoredEvent:
     return handler_harness.budget_event(sequence, at, payload)
 
 
-async def bench(url: str, batch: int, batches: int, threads: int, runs: int) -> list[dict[str, Any]]:
-    """Registers `threads` threads, then applies `batches` batches `runs` times; one result per run."""
+async def bench(
+    url: str, batch: int, batches: int, threads: int, runs: int, tuned_gc: bool = True
+) -> list[dict[str, Any]]:
+    """Registers `threads` threads, then applies `batches` batches `runs` times; one result per run.
+    With `tuned_gc`, the garbage collector is tuned after registration, as a service tunes it once
+    started."""
     handler_harness.reset_schema(url, SCHEMA)
     await conversations_server.migrate(url, SCHEMA)
     database = Database.connect(url, SCHEMA)
@@ -125,6 +130,8 @@ async def bench(url: str, batch: int, batches: int, threads: int, runs: int) -> 
 
         for _ in range(max(1, threads // batch)):  # every thread once: not timed
             await consumer.apply(next_batch())
+        if tuned_gc:
+            tune_garbage_collection()
         for _ in range(runs):
             load = [next_batch() for _ in range(batches)]
             await asyncio.sleep(0.2)
@@ -166,10 +173,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1_000, help="threads, one project each")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--database-url", default=DEFAULT_URL)
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep CPython's default garbage collection (the services tune it: services/shared/runtime.py)",
+    )
     arguments = parser.parse_args(argv)
     print(f"python_speed_reference_ms={python_speed_reference()}")
     results = asyncio.run(
-        bench(arguments.database_url, arguments.batch, arguments.batches, arguments.threads, arguments.runs)
+        bench(
+            arguments.database_url,
+            arguments.batch,
+            arguments.batches,
+            arguments.threads,
+            arguments.runs,
+            tuned_gc=not arguments.default_gc,
+        )
     )
     for number, result in enumerate(results, start=1):
         print(f"run {number}: " + ", ".join(f"{name}={value}" for name, value in result.items()))

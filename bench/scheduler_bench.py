@@ -51,11 +51,17 @@ from boss.common.v1 import events_pb2
 from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
 from sqlalchemy import create_engine, text
 
-from bench.ingest_bench import python_speed_reference, wait_for_quiet
+from bench.ingest_bench import (
+    postgres_cpu_seconds,
+    process_cpu_seconds,
+    python_speed_reference,
+    wait_for_quiet,
+)
 from services.scheduler import server as scheduler_server
 from services.scheduler.domain.model import Level, ThreadState
 from services.scheduler.domain.ranking import choose_thread_for_work, rank_threads, strategy_summary
 from services.shared.migrations import sync_url
+from services.shared.runtime import tune_garbage_collection
 from services.shared.time import isoformat_utc, to_timestamp
 
 OUTPUT = Path(__file__).resolve().parent / "output" / "scheduler.json"
@@ -214,6 +220,7 @@ class RemoteUpstream:
         self._process = context.Process(target=serve_upstream, args=(child,), daemon=True)
         self._process.start()
         self.port = int(self._control.recv())
+        self.pid = int(self._process.pid or 0)
         self.published_at: list[float] = []
 
     def publish(self, envelopes: list[events_pb2.EventEnvelope]) -> None:
@@ -242,8 +249,20 @@ def reset_schema(url: str) -> None:
     engine.dispose()
 
 
-async def bench_consumption(url: str, backlog: int, rate: int, seconds: float) -> dict[str, Any]:
-    """Phases 2 and 3 over one scheduler consumer."""
+def _cpu_seconds(upstream_pid: int) -> dict[str, float]:
+    """CPU seconds so far of the scheduler (this process), the upstream stand-in and PostgreSQL."""
+    return {
+        "scheduler": process_cpu_seconds(os.getpid()),
+        "upstream": process_cpu_seconds(upstream_pid),
+        "postgres": postgres_cpu_seconds(),
+    }
+
+
+async def bench_consumption(
+    url: str, backlog: int, rate: int, seconds: float, tuned_gc: bool = True
+) -> dict[str, Any]:
+    """Phases 2 and 3 over one scheduler consumer. With `tuned_gc`, the garbage collector is tuned
+    once the scheduler is built, as its host does once started (services/shared/runtime.py)."""
     background = await wait_for_quiet(30.0)
     reset_schema(url)
     upstream = RemoteUpstream()
@@ -257,6 +276,8 @@ async def bench_consumption(url: str, backlog: int, rate: int, seconds: float) -
         schema=SCHEMA,
     )
     await app.event_log.ensure_sequencer_row()
+    if tuned_gc:
+        tune_garbage_collection()
     rng = random.Random(11)
     upstream.publish([budget_event(sequence, rng) for sequence in range(1, backlog + 1)])
     tasks = [
@@ -265,9 +286,14 @@ async def bench_consumption(url: str, backlog: int, rate: int, seconds: float) -
         asyncio.create_task(app.handlers.strategies.run()),
     ]
     try:
+        cpu_before = _cpu_seconds(upstream.pid)
         started = time.perf_counter()
         await app.consumer.wait_for(backlog, timeout=600)
         backlog_seconds = time.perf_counter() - started
+        backlog_cores = {
+            name: round((after - cpu_before[name]) / backlog_seconds, 2)
+            for name, after in _cpu_seconds(upstream.pid).items()
+        }
         backlog_batches = app.consumer.batches_applied
 
         lags: list[float] = []
@@ -319,6 +345,9 @@ async def bench_consumption(url: str, backlog: int, rate: int, seconds: float) -
         "backlog_events": backlog,
         "backlog_events_per_second": round(backlog / backlog_seconds),
         "backlog_events_per_transaction": round(backlog / max(1, backlog_batches), 1),
+        "backlog_cores_scheduler": backlog_cores["scheduler"],
+        "backlog_cores_upstream": backlog_cores["upstream"],
+        "backlog_cores_postgres": backlog_cores["postgres"],
         "paced_rate_per_second": rate,
         "paced_events": len(lags_ms),
         "paced_events_per_transaction": round(
@@ -343,11 +372,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--paced-rate", type=int, default=10_000, help="events/s of the paced phase (the ingest target)"
     )
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep CPython's default garbage collection (the services tune it: services/shared/runtime.py)",
+    )
     arguments = parser.parse_args(argv)
     ranking = bench_ranking(100)
     backlog, seconds = (5_000, 2.0) if arguments.quick else (20_000, 5.0)
     consumption = asyncio.run(
-        bench_consumption(arguments.database_url, backlog, arguments.paced_rate, seconds)
+        bench_consumption(
+            arguments.database_url, backlog, arguments.paced_rate, seconds, tuned_gc=not arguments.default_gc
+        )
     )
     results = {"rank_10k": ranking, "consumption": consumption}
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,7 @@ from services.scheduler.service import SchedulerHandlers
 from services.shared.db import Database
 from services.shared.event_stream import EventConsumer
 from services.shared.outbox import EventLog, StoredEvent
+from services.shared.runtime import tune_garbage_collection
 
 DEFAULT_URL = os.environ.get("BOSS_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 SCHEMA = "bench_scheduler_handler"
@@ -54,8 +55,11 @@ def budget_event(sequence: int, threads: int, rng: random.Random) -> StoredEvent
     )
 
 
-async def bench(url: str, events: int, batch: int, threads: int, runs: int) -> list[dict[str, Any]]:
-    """Seeds `threads` threads, then applies `events` events `runs` times; one result per run."""
+async def bench(
+    url: str, events: int, batch: int, threads: int, runs: int, tuned_gc: bool = True
+) -> list[dict[str, Any]]:
+    """Seeds `threads` threads, then applies `events` events `runs` times; one result per run. With
+    `tuned_gc`, the garbage collector is tuned after seeding, as a service tunes it once started."""
     handler_harness.reset_schema(url, SCHEMA)
     await scheduler_server.migrate(url, SCHEMA)
     database = Database.connect(url, SCHEMA)
@@ -85,6 +89,8 @@ async def bench(url: str, events: int, batch: int, threads: int, runs: int) -> l
         for start in range(0, len(seed), batch):
             await consumer.apply(seed[start : start + batch])
         await handlers.strategies.flush()
+        if tuned_gc:
+            tune_garbage_collection()
         for _ in range(runs):
             load = [budget_event(s, threads, rng) for s in range(sequence, sequence + events)]
             sequence += events
@@ -138,9 +144,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2_000, help="distinct threads (200 projects)")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--database-url", default=DEFAULT_URL)
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep CPython's default garbage collection (the services tune it: services/shared/runtime.py)",
+    )
     arguments = parser.parse_args(argv)
     results = asyncio.run(
-        bench(arguments.database_url, arguments.events, arguments.batch, arguments.threads, arguments.runs)
+        bench(
+            arguments.database_url,
+            arguments.events,
+            arguments.batch,
+            arguments.threads,
+            arguments.runs,
+            tuned_gc=not arguments.default_gc,
+        )
     )
     for number, result in enumerate(results, start=1):
         print(f"run {number}: " + ", ".join(f"{name}={value}" for name, value in result.items()))

@@ -32,6 +32,7 @@ from services.bff_gateway.settings import GatewaySettings, split_host_port
 from services.bff_gateway.state import GatewayState
 from services.shared import config
 from services.shared.auth import TokenAuthority
+from services.shared.runtime import tune_garbage_collection
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=GRACE_SECONDS)
     )
+    tune_garbage_collection()
     watcher = asyncio.create_task(_stop_when(stop, server)) if stop is not None else None
     try:
         log.info(

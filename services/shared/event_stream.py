@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+import orjson
 from boss.common.v1 import events_pb2
 from sqlalchemy import Table, select
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -60,7 +61,7 @@ def to_envelope(event: StoredEvent) -> events_pb2.EventEnvelope:
 
 def from_envelope(envelope: events_pb2.EventEnvelope) -> StoredEvent:
     """A stored event from its wire form. Raises ValueError for a payload that is not a JSON object."""
-    payload = json.loads(envelope.payload_json or "{}")
+    payload = orjson.loads(envelope.payload_json or "{}")
     if not isinstance(payload, dict):
         raise ValueError(f"event {envelope.sequence}: payload is not a JSON object")
     return StoredEvent(

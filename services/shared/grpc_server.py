@@ -23,6 +23,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from services.shared.errors import BossError, grpc_status_of
+from services.shared.runtime import tune_garbage_collection
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +145,15 @@ class ServiceHost:
         return server, health, port
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Serves until SIGTERM/SIGINT (or `stop` is set), then shuts down gracefully."""
+        """Serves until SIGTERM/SIGINT (or `stop` is set), then shuts down gracefully. Tunes the
+        process's garbage collector once the server has started (services/shared/runtime.py)."""
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for signal_number in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal_number, stop.set)
         server, health, _port = await self.start()
+        tune_garbage_collection()
         tasks = [asyncio.ensure_future(factory()) for factory in self.background]
         if self.readiness_check is not None:
             tasks.append(

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from opentelemetry import propagate
 from sqlalchemy import (
     BigInteger,
@@ -77,6 +78,12 @@ _EVENT_COLUMNS = (
     "node_id",
     "payload_json",
     "trace_context_json",
+)
+# Payload encoding: compact JSON (orjson, several times faster than the standard library's encoder)
+# with the standard encoder's conventions kept: non-string keys become strings, and datetimes and
+# other values JSON cannot carry go through `str`.
+_PAYLOAD_OPTIONS = (
+    orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 )
 _EVENT_PG_TYPES = ["int8", "text", "timestamptz", "text", "text", "text", "text", "text"]
 
@@ -214,7 +221,7 @@ class EventLog:
         pending = list(events)
         if not pending:
             return []
-        payloads = [json.dumps(e.payload, separators=(",", ":"), default=str) for e in pending]
+        payloads = [orjson.dumps(e.payload, default=str, option=_PAYLOAD_OPTIONS).decode() for e in pending]
         postgres = connection.dialect.name == "postgresql"
         if postgres and len(pending) < COPY_THRESHOLD:
             base = await self._append_unnest(connection, pending, payloads, trace_json)

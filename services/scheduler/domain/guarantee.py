@@ -254,31 +254,41 @@ def _apply_level_actions(
     compaction: CompactionSeen | None,
     handoff_missing: bool,
 ) -> Decision:
-    """CB-7 flags and commands, then the CB-19 prepare_handoff rule, on an updated state."""
+    """CB-7 flags and commands, then the CB-19 prepare_handoff rule, on an updated state. The changes
+    are collected and applied to `state` once (a copy per report instead of one per rule)."""
     flags = flags_for(report.level)
     at_risk = is_at_risk(report, settings)
-    state = _evolve(
-        state,
-        no_large_context_appends=flags.no_large_context_appends,
-        finish_current_subtask=flags.finish_current_subtask,
-        context_growth_frozen=flags.context_growth_frozen,
+    changes: dict[str, Any] = {
+        "no_large_context_appends": flags.no_large_context_appends,
+        "finish_current_subtask": flags.finish_current_subtask,
+        "context_growth_frozen": flags.context_growth_frozen,
+    }
+    relay_thread_id = state.relay_thread_id
+    package_id, package_status, package_epoch = (
+        state.current_package_id,
+        state.current_package_status,
+        state.package_epoch,
     )
-    has_epoch_package = state.package_epoch == state.epoch and state.current_package_status in (
+    has_epoch_package = package_epoch == state.epoch and package_status in (
         PackageStatus.DRAFT,
         PackageStatus.READY,
     )
     new_package = None
     relay = ""
-    if (flags.needs_relay_thread or at_risk) and not state.relay_thread_id:
-        relay = f"relay-{new_id()}"
-        state = _evolve(state, relay_thread_id=relay)
+    if (flags.needs_relay_thread or at_risk) and not relay_thread_id:
+        relay = relay_thread_id = f"relay-{new_id()}"
+        changes["relay_thread_id"] = relay
     if (flags.needs_draft_package or at_risk) and not has_epoch_package:
-        new_package = PackageIntent(handoff_package_id=new_id(), to_thread_id=state.relay_thread_id)
-        state = _evolve(
-            state,
-            current_package_id=new_package.handoff_package_id,
-            current_package_status=PackageStatus.DRAFT,
-            package_epoch=state.epoch,
+        new_package = PackageIntent(handoff_package_id=new_id(), to_thread_id=relay_thread_id)
+        package_id, package_status, package_epoch = (
+            new_package.handoff_package_id,
+            PackageStatus.DRAFT,
+            state.epoch,
+        )
+        changes.update(
+            current_package_id=package_id,
+            current_package_status=package_status,
+            package_epoch=package_epoch,
         )
 
     sent = set(state.commands_sent)
@@ -288,12 +298,10 @@ def _apply_level_actions(
         if command_type.value in sent:
             continue
         sent.add(command_type.value)
-        commands.append(
-            CommandIntent(new_id(), command_type, reason_text, to_thread_id=state.relay_thread_id)
-        )
+        commands.append(CommandIntent(new_id(), command_type, reason_text, to_thread_id=relay_thread_id))
 
     required_reason = ""
-    package_ready = state.current_package_status is PackageStatus.READY and state.package_epoch == state.epoch
+    package_ready = package_status is PackageStatus.READY and package_epoch == state.epoch
     first_prepare = at_risk and state.prepare_issued_at is None
     critical_prepare = (
         report.level is Level.CRITICAL and not state.prepare_issued_at_critical and not package_ready
@@ -305,18 +313,18 @@ def _apply_level_actions(
                 new_id(),
                 CommandType.PREPARE_HANDOFF,
                 f"{required_reason}: {reason_text}",
-                handoff_package_id=state.current_package_id,
-                to_thread_id=state.relay_thread_id,
+                handoff_package_id=package_id,
+                to_thread_id=relay_thread_id,
             )
         )
-        state = _evolve(
-            state,
+        changes.update(
             prepare_issued_at=report.captured_at,
             prepare_issued_at_critical=state.prepare_issued_at_critical or report.level is Level.CRITICAL,
         )
     if at_risk:
         sent.add("at_risk")
-    state = _evolve(state, commands_sent=frozenset(sent))
+    changes["commands_sent"] = frozenset(sent)
+    state = _evolve(state, **changes)
     return Decision(
         state=state,
         commands=tuple(commands),
