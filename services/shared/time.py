@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -23,9 +23,14 @@ def to_timestamp(value: datetime | None) -> Timestamp | None:
     return stamp
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def from_timestamp(stamp: Timestamp) -> datetime:
-    """An aware UTC datetime from a protobuf Timestamp (`tzinfo=UTC`: the default is naive)."""
-    return stamp.ToDatetime(tzinfo=UTC)
+    """An aware UTC datetime from a protobuf Timestamp, to the microsecond (nanoseconds truncated, as
+    `Timestamp.ToDatetime` does). The epoch plus a timedelta: the same instant as
+    `stamp.ToDatetime(tzinfo=UTC)` at about half its cost (it runs for every streamed event)."""
+    return _EPOCH + timedelta(seconds=stamp.seconds, microseconds=stamp.nanos // 1000)
 
 
 def isoformat_utc(value: datetime | None) -> str | None:

@@ -223,8 +223,7 @@ def apply_report(
         state = end_epoch(state, report.compaction_count)
 
     active = previous is None or report.last_total_tokens != previous.last_total_tokens
-    state = _evolve(
-        state,
+    reported: dict[str, Any] = dict(
         project_id=report.project_id or state.project_id,
         task_id=report.task_id,
         node_id=report.node_id or state.node_id,
@@ -242,27 +241,33 @@ def apply_report(
         last_total_tokens=report.last_total_tokens,
         last_activity_at=report.captured_at if active else state.last_activity_at,
     )
-    return _apply_level_actions(previous, state, report, settings, new_id, compaction, handoff_missing)
+    return _apply_level_actions(
+        previous, state, reported, report, settings, new_id, compaction, handoff_missing
+    )
 
 
 def _apply_level_actions(
     previous: ThreadState | None,
     state: ThreadState,
+    reported: dict[str, Any],
     report: BudgetReport,
     settings: SchedulerSettings,
     new_id: Callable[[], str],
     compaction: CompactionSeen | None,
     handoff_missing: bool,
 ) -> Decision:
-    """CB-7 flags and commands, then the CB-19 prepare_handoff rule, on an updated state. The changes
-    are collected and applied to `state` once (a copy per report instead of one per rule)."""
+    """CB-7 flags and commands, then the CB-19 prepare_handoff rule. `state` is the thread's state
+    before the report (its epoch already ended when the report shows a compaction) and `reported`
+    the fields the report sets (none of which the rules read); every change is collected and
+    applied once (one copy of the state per report instead of one per rule)."""
     flags = flags_for(report.level)
     at_risk = is_at_risk(report, settings)
-    changes: dict[str, Any] = {
-        "no_large_context_appends": flags.no_large_context_appends,
-        "finish_current_subtask": flags.finish_current_subtask,
-        "context_growth_frozen": flags.context_growth_frozen,
-    }
+    changes = reported
+    changes.update(
+        no_large_context_appends=flags.no_large_context_appends,
+        finish_current_subtask=flags.finish_current_subtask,
+        context_growth_frozen=flags.context_growth_frozen,
+    )
     relay_thread_id = state.relay_thread_id
     package_id, package_status, package_epoch = (
         state.current_package_id,

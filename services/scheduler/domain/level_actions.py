@@ -14,6 +14,7 @@ from urgent on the ack says prepare_handoff and the scheduler sends the command.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from services.scheduler.domain.model import CommandType, Level
@@ -30,8 +31,10 @@ class LevelFlags:
     needs_relay_thread: bool
 
 
+@functools.cache
 def flags_for(level: Level | None) -> LevelFlags:
-    """The CB-7 flags at `level` (no flags for an unknown level)."""
+    """The CB-7 flags at `level` (no flags for an unknown level). Memoized: five possible inputs,
+    asked for every applied report."""
     severity = level.severity if level is not None else 0
     return LevelFlags(
         no_large_context_appends=severity >= Level.WATCH.severity,
@@ -42,8 +45,10 @@ def flags_for(level: Level | None) -> LevelFlags:
     )
 
 
+@functools.cache
 def level_commands(level: Level | None) -> tuple[CommandType, ...]:
-    """Commands due at `level` apart from prepare_handoff (which the guarantee decides), in order."""
+    """Commands due at `level` apart from prepare_handoff (which the guarantee decides), in order.
+    Memoized, as `flags_for`."""
     severity = level.severity if level is not None else 0
     commands: list[CommandType] = []
     if severity >= Level.WATCH.severity:

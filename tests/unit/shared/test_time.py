@@ -1,0 +1,34 @@
+"""Protobuf Timestamp conversions (services/shared/time.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from services.shared.time import from_timestamp, isoformat_utc, to_timestamp
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos"),
+    [(0, 0), (1_746_100_800, 123_456_789), (1_746_100_800, 999_999_999), (-86_400, 500_000_001)],
+)
+def test_from_timestamp_is_the_instant_the_protobuf_library_gives(seconds: int, nanos: int) -> None:
+    stamp = Timestamp(seconds=seconds, nanos=nanos)
+    converted = from_timestamp(stamp)
+    assert converted == stamp.ToDatetime(tzinfo=UTC)
+    assert converted.tzinfo is UTC
+    assert converted.microsecond == nanos // 1000
+
+
+def test_round_trip_keeps_the_instant_in_utc() -> None:
+    local = datetime(2026, 3, 25, 9, 56, 0, 250_000, tzinfo=timezone(timedelta(hours=2)))
+    back = from_timestamp(to_timestamp(local))
+    assert back == local and back.tzinfo is UTC
+    assert isoformat_utc(back) == "2026-03-25T07:56:00.250000Z"
+
+
+def test_to_timestamp_refuses_a_naive_datetime() -> None:
+    with pytest.raises(ValueError, match="naive"):
+        to_timestamp(datetime(2026, 3, 25, 7, 56))
