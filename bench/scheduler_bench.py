@@ -358,6 +358,8 @@ async def bench_consumption(
         "lag_ms_max": round(lags_ms[-1], 1),
         "threads_stored": threads,
         "commands_issued": commands,
+        "batches_decided_ahead": app.handlers.batches_decided_ahead,
+        "batches_redecided": app.handlers.batches_redecided,
         "strategy_recomputations": app.handlers.strategies.publications,
         "strategy_events_published": strategy_events,
     }

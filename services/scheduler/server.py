@@ -124,6 +124,7 @@ def build(
         event_log=event_log,
         after_commit=handlers.budget_batch_committed,
     )
+    handlers.upcoming = consumer.upcoming
     servicer = SchedulerServicer(handlers, authority)
     host = ServiceHost(
         name=SERVICE,

@@ -18,17 +18,18 @@ never write each other's tables. The alert is announced with `thread.handoff.req
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.scheduler.adapters.repository import AlertRow, CommandRow, SqlAlchemySchedulerRepository
-from services.scheduler.domain.guarantee import Decision, apply_report
+from services.scheduler.domain.guarantee import AppliedReport, Decision, apply_reports
 from services.scheduler.domain.handoff import (
     HandoffPackage,
     PackageContent,
@@ -147,6 +148,25 @@ def schedule_payload(state: ThreadState) -> dict[str, Any]:
     }
 
 
+def _reports_of(events: list[StoredEvent]) -> list[BudgetReport]:
+    """The budget reports among `events`, in order (other event types and malformed reports left
+    out, see `report_from_event`)."""
+    return [report for event in events if event.type == BUDGET_EVENT if (report := report_from_event(event))]
+
+
+@dataclass(frozen=True)
+class _DecidedAhead:
+    """Decisions made for upcoming events before their batch began (SchedulerHandlers, "Deciding
+    ahead"): the events' sequences, their reports, the state each thread started from (None: not
+    known, taken as new), the applied reports and the states after them."""
+
+    sequences: tuple[int, ...]
+    reports: list[BudgetReport]
+    started_from: dict[str, ThreadState | None]
+    applied: list[AppliedReport]
+    states: dict[str, ThreadState]
+
+
 class SchedulerHandlers:
     """The scheduler's handlers over one database, repository and outbox.
 
@@ -160,6 +180,20 @@ class SchedulerHandlers:
     Attributes:
         strategies: the StrategyPublisher the handlers mark changed projects on; its `run()` is
             one of the service's background tasks.
+        upcoming: returns the events the consumer has received after the batch in flight (its
+            `EventConsumer.upcoming`; none by default). See "Deciding ahead" below.
+        batches_decided_ahead / batches_redecided: how many batches reused decisions made ahead,
+            and how many had to decide again because a state changed meanwhile.
+
+    Deciding ahead (PostgreSQL): once a batch's decisions are made, and while its writes run, the
+    handler decides the next batch's reports (`upcoming`) from the states it just decided and
+    the states it keeps of earlier writes. The next batch reuses those decisions only if its own
+    read returns, for every thread involved, exactly the state object they started from (the
+    repository returns its kept object only while the row still carries the version this process
+    wrote, see `SqlAlchemySchedulerRepository.threads_by_id`); otherwise, e.g. after an RPC or
+    another process changed a thread or the batch rolled back, it decides again. Decisions are a
+    pure function of the prior state and the report (`apply_reports`), so both paths store the same
+    outcome; deciding ahead only moves CPU into the time the database works.
     """
 
     def __init__(
@@ -179,6 +213,10 @@ class SchedulerHandlers:
         self.strategies = StrategyPublisher(database, event_log, self.repository, self.settings, clock)
         self._batch_projects: dict[str, bool] = {}
         self._batch_states: list[ThreadState] = []
+        self.upcoming: Callable[[], list[StoredEvent]] = list
+        self._ahead: _DecidedAhead | None = None
+        self.batches_decided_ahead = 0
+        self.batches_redecided = 0
 
     # ---- consuming context_budget's stream -------------------------------------------------------
 
@@ -188,28 +226,33 @@ class SchedulerHandlers:
         """EventConsumer batch handler: applies every `thread.context.updated` in order (other types
         are skipped), persisting states, packages, commands and alerts with one statement per kind;
         returns events to publish. The projects it changed are marked for the strategy publisher
-        by `budget_batch_committed` once the consumer committed the batch."""
+        by `budget_batch_committed` once the consumer committed the batch. Decisions made ahead
+        for these events are reused when they still hold (class docstring), and once this batch
+        is decided the next one is decided ahead while the writes run."""
         self._batch_projects, self._batch_states = {}, []
-        reports = [
-            report for event in events if event.type == BUDGET_EVENT if (report := report_from_event(event))
-        ]
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and tuple(e.sequence for e in events[: len(ahead.sequences)]) != ahead.sequences:
+            ahead, self.batches_redecided = None, self.batches_redecided + 1
+        # The reports of the events decided ahead were parsed then; only the rest are parsed here.
+        covered = ahead.reports if ahead is not None else []
+        reports = covered + _reports_of(events[len(ahead.sequences) :] if ahead is not None else events)
         if not reports:
             return []
         now = self._clock()
         states = await self.repository.threads_by_id(connection, (r.thread_id for r in reports))
+        decided = self._decided_ahead(ahead, states) if ahead is not None else None
+        if decided is None:
+            applied = apply_reports(reports, states, self.settings, self._new_id)
+        else:
+            applied = decided + apply_reports(reports[len(covered) :], states, self.settings, self._new_id)
         published: list[NewEvent] = []
         command_rows: list[dict[str, Any]] = []
         packages: list[HandoffPackage] = []
         relays: dict[str, str] = {}
         changed: dict[str, ThreadState] = {}
         projects: dict[str, bool] = {}
-        for report in reports:
-            previous = states.get(report.thread_id)
-            decision = apply_report(previous, report, self.settings, self._new_id)
-            if decision.ignored:
-                continue
+        for report, previous, decision in ((item.report, item.previous, item.decision) for item in applied):
             state = decision.state
-            states[report.thread_id] = state
             changed[report.thread_id] = state
             urgent = (
                 previous is None
@@ -225,6 +268,9 @@ class SchedulerHandlers:
             )
         await self.repository.insert_packages(connection, packages)
         await self.repository.set_package_relays(connection, relays)
+        if self.repository.keeps_written_states:
+            # Runs as soon as the state upsert below (the batch's longest statement) is on its way.
+            asyncio.get_running_loop().call_soon(self._decide_ahead, states)
         await self.repository.save_threads(connection, list(changed.values()), now)
         await self.repository.insert_commands(connection, command_rows)
         self._batch_projects, self._batch_states = projects, list(changed.values())
@@ -240,6 +286,45 @@ class SchedulerHandlers:
         self.strategies.mark(
             (project_id for project_id, is_urgent in projects.items() if not is_urgent), states=()
         )
+
+    def _decide_ahead(self, latest: dict[str, ThreadState]) -> None:
+        """Decides the upcoming events' reports (class docstring, "Deciding ahead") from `latest`
+        (the batch in flight's states after its decisions) and the repository's kept states, and
+        keeps the result for the next batch. Runs from the event loop while the batch's writes are
+        in flight; does nothing when nothing is waiting."""
+        self._ahead = None
+        events = self.upcoming()
+        reports = _reports_of(events)
+        if not reports:
+            return
+        started_from: dict[str, ThreadState | None] = {}
+        for report in reports:
+            if report.thread_id not in started_from:
+                thread_id = report.thread_id
+                started_from[thread_id] = latest.get(thread_id) or self.repository.kept_state(thread_id)
+        states = {thread_id: state for thread_id, state in started_from.items() if state is not None}
+        applied = apply_reports(reports, states, self.settings, self._new_id)
+        self._ahead = _DecidedAhead(
+            sequences=tuple(event.sequence for event in events),
+            reports=reports,
+            started_from=started_from,
+            applied=applied,
+            states=states,
+        )
+
+    def _decided_ahead(
+        self, ahead: _DecidedAhead, states: dict[str, ThreadState]
+    ) -> list[AppliedReport] | None:
+        """The decisions made ahead for the start of a batch (whose events begin with the ones
+        decided), when they still hold: `states` (just read) holds, for every thread involved, the
+        very state they started from. `states` is then advanced past them. None otherwise (decide
+        again)."""
+        if not all(states.get(thread_id) is state for thread_id, state in ahead.started_from.items()):
+            self.batches_redecided += 1
+            return None
+        self.batches_decided_ahead += 1
+        states.update(ahead.states)
+        return list(ahead.applied)
 
     async def _persist_decision(
         self,

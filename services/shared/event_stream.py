@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import random
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -132,6 +133,15 @@ class EventConsumer:
         self.last_sequence = 0
         self.batches_applied = 0
         self.applied = asyncio.Condition()
+        self._inbox: _Inbox | None = None
+
+    def upcoming(self) -> list[StoredEvent]:
+        """The events received after the batch being applied and not yet taken (at most
+        `batch_size`, in order; empty when none or when the consumer is not following): what the
+        next batch will start with. A handler may look at them while its batch is in flight, e.g. to
+        compute ahead while its writes run (see the scheduler's `SchedulerHandlers`); they are not
+        applied until that next batch."""
+        return self._inbox.peek(self._batch_size) if self._inbox is not None else []
 
     async def load_cursor(self) -> int:
         """The last sequence applied (0 when never)."""
@@ -247,17 +257,17 @@ class EventConsumer:
 
     async def _follow_once(self) -> None:
         cursor = await self.load_cursor()
-        inbox = _Inbox(asyncio.Queue(maxsize=INBOX_RUNS))
+        inbox = self._inbox = _Inbox()
 
         async def read() -> None:
             try:
                 async for envelopes in self._open_stream(cursor):
-                    await inbox.queue.put([from_envelope(envelope) for envelope in envelopes])
-                await inbox.queue.put(ConnectionError(f"{self.stream_name} stream ended"))
+                    await inbox.put([from_envelope(envelope) for envelope in envelopes])
+                await inbox.put(ConnectionError(f"{self.stream_name} stream ended"))
             except asyncio.CancelledError:
                 raise  # the applier stopped us: nobody would take a queued failure
             except Exception as error:  # handed to the applier, which re-raises it
-                await inbox.queue.put(error)
+                await inbox.put(error)
 
         reader = asyncio.create_task(read())
         try:
@@ -271,6 +281,7 @@ class EventConsumer:
                 if failure is not None:
                     raise failure
         finally:
+            self._inbox = None
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
@@ -282,29 +293,40 @@ INBOX_RUNS = 8
 
 @dataclass
 class _Inbox:
-    """What the reader has received and the applier not yet taken: whole runs in `queue` (or a
-    failure to re-raise), and the rest of a run that did not fit the previous batch in `carry`."""
+    """What the reader has received and the applier not yet taken: whole runs in `runs` (or a
+    failure to re-raise), at most `capacity` of them (the reader waits for room), and the rest of a
+    run that did not fit the previous batch in `carry`. One reader, one applier."""
 
-    queue: asyncio.Queue[list[StoredEvent] | BaseException]
+    capacity: int = INBOX_RUNS
+    runs: deque[list[StoredEvent] | BaseException] = field(default_factory=deque)
     carry: list[StoredEvent] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    room: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def put(self, item: list[StoredEvent] | BaseException) -> None:
+        """Queues a run (or a failure), waiting while `capacity` runs are queued."""
+        while len(self.runs) >= self.capacity:
+            self.room.clear()
+            await self.room.wait()
+        self.runs.append(item)
+        self.arrived.set()
 
     async def wait(self, batch: list[StoredEvent], limit: int) -> BaseException | None:
         """Waits for at least one event (unless some are carried) and moves up to `limit` into
         `batch`; returns a failure the reader queued instead, if that came first."""
-        if not self.carry:
-            item = await self.queue.get()
-            if isinstance(item, BaseException):
-                return item
-            self.carry = item
+        while not self.carry and not self.runs:
+            self.arrived.clear()
+            await self.arrived.wait()
         return self.take(batch, limit)
 
     def take(self, batch: list[StoredEvent], limit: int) -> BaseException | None:
         """Moves waiting events into `batch` until it holds `limit`; returns a queued failure."""
         while len(batch) < limit:
             if not self.carry:
-                if self.queue.empty():
+                if not self.runs:
                     return None
-                item = self.queue.get_nowait()
+                item = self.runs.popleft()
+                self.room.set()
                 if isinstance(item, BaseException):
                     return item
                 self.carry = item
@@ -312,3 +334,13 @@ class _Inbox:
             batch.extend(self.carry[:room])
             self.carry = self.carry[room:]
         return None
+
+    def peek(self, limit: int) -> list[StoredEvent]:
+        """The first `limit` waiting events (at most; up to a queued failure), without taking them:
+        what the next `take` would move first."""
+        events = self.carry[:limit]
+        for item in self.runs:
+            if len(events) >= limit or isinstance(item, BaseException):
+                break
+            events.extend(item[: limit - len(events)])
+        return events

@@ -428,6 +428,18 @@ class SqlAlchemySchedulerRepository:
         # version (another xmin) in place, so a kept state is returned only while it is the row.
         self._written: dict[str, tuple[str, ThreadState]] = {}
 
+    @property
+    def keeps_written_states(self) -> bool:
+        """True when this repository keeps the states it wrote and returns those very objects
+        while their rows are unchanged (PostgreSQL; see `threads_by_id`)."""
+        return self._dialect == "postgresql"
+
+    def kept_state(self, thread_id: str) -> ThreadState | None:
+        """The state this repository last wrote for a thread, if it keeps it (not checked against
+        the row: `threads_by_id` does that)."""
+        kept = self._written.get(thread_id)
+        return kept[1] if kept is not None else None
+
     async def threads_by_id(
         self, connection: AsyncConnection, thread_ids: Iterable[str]
     ) -> dict[str, ThreadState]:

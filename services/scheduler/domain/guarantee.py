@@ -26,7 +26,7 @@ Pure: ids come from the caller's `new_id`, time from the report.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,6 +244,36 @@ def apply_report(
     return _apply_level_actions(
         previous, state, reported, report, settings, new_id, compaction, handoff_missing
     )
+
+
+@dataclass(frozen=True)
+class AppliedReport:
+    """One report that changed its thread: the state before it (None for a new thread) and the
+    Decision (never `ignored`)."""
+
+    report: BudgetReport
+    previous: ThreadState | None
+    decision: Decision
+
+
+def apply_reports(
+    reports: Iterable[BudgetReport],
+    states: MutableMapping[str, ThreadState],
+    settings: SchedulerSettings,
+    new_id: Callable[[], str],
+) -> list[AppliedReport]:
+    """Applies reports in order with `apply_report`, each to its thread's latest state: `states`
+    (thread_id -> state, threads not in it are new) is updated in place, so a thread's second report
+    in the same call sees its first. Stale or repeated reports are left out of the result."""
+    applied: list[AppliedReport] = []
+    for report in reports:
+        previous = states.get(report.thread_id)
+        decision = apply_report(previous, report, settings, new_id)
+        if decision.ignored:
+            continue
+        states[report.thread_id] = decision.state
+        applied.append(AppliedReport(report, previous, decision))
+    return applied
 
 
 def _apply_level_actions(

@@ -110,3 +110,33 @@ async def test_busy_stream_fills_batches_and_idle_event_goes_alone(database_targ
         await asyncio.gather(task, return_exceptions=True)
         await _database.dispose()
         await database.dispose()
+
+
+async def test_upcoming_shows_what_the_next_batch_starts_with(database_target: DatabaseTarget) -> None:
+    upstream = Upstream()
+    batches: list[list[int]] = []
+    seen_ahead: list[list[int]] = []
+    database, consumer = await make_consumer(database_target, upstream, batches)
+    apply_batch = consumer._handle
+
+    async def handle(connection: AsyncConnection, events: list[StoredEvent]) -> list[NewEvent]:
+        seen_ahead.append([event.payload["n"] for event in consumer.upcoming()])
+        return await apply_batch(connection, events)
+
+    consumer._handle = handle
+    assert consumer.upcoming() == []  # not following yet
+    task = asyncio.create_task(consumer.run())
+    try:
+        upstream.publish(1_000)
+        await consumer.wait_for(1_000)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await database.dispose()
+
+    assert consumer.upcoming() == []  # stopped following
+    assert any(seen_ahead[:-1]), "a busy stream has events waiting behind the batch in flight"
+    for ahead, following in zip(seen_ahead, batches[1:], strict=False):
+        assert len(ahead) <= 200
+        assert following[: len(ahead)] == ahead, "upcoming events are the next batch's first ones"
+    assert seen_ahead[-1] == [], "nothing waits behind the last batch"

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.domain.guarantee import Decision, apply_report
+from services.scheduler.domain.guarantee import Decision, apply_report, apply_reports
 from services.scheduler.domain.model import (
     BudgetReport,
     CommandType,
@@ -255,3 +255,29 @@ def test_every_compaction_after_risk_had_a_prepare_handoff_before_it(steps: list
         assert len(sent) == len(set(sent))
         state = decision.state
         previous_report = item
+
+
+def test_apply_reports_applies_each_report_to_its_threads_latest_state() -> None:
+    counter = ids()
+    states: dict[str, ThreadState] = {}
+    other_thread = replace(report(1, Level.SAFE, 90.0), thread_id="t2")
+    applied = apply_reports(
+        [
+            report(1, Level.WATCH, 50.0),
+            other_thread,
+            report(2, Level.URGENT, 30.0),
+            report(1, Level.SAFE, 99.0),
+        ],
+        states,
+        SETTINGS,
+        lambda: f"id-{next(counter)}",
+    )
+
+    assert [(item.report.thread_id, item.report.snapshot_version) for item in applied] == [
+        ("t1", 1),
+        ("t2", 1),
+        ("t1", 2),
+    ], "the repeated version 1 of t1 is stale and left out"
+    assert applied[0].previous is None and applied[2].previous is applied[0].decision.state
+    assert states["t1"] is applied[2].decision.state and states["t1"].level is Level.URGENT
+    assert states["t1"].relay_thread_id and states["t2"].level is Level.SAFE
