@@ -198,15 +198,15 @@ def risk_order(threads: Iterable[ThreadView]) -> list[ThreadView]:
 def next_compaction_risk_thread(threads: Sequence[ThreadView]) -> str:
     """CB-13 `next_compaction_risk_thread_id`: the thread expected to compact first.
 
-    The earliest `compaction_expected_at` among reported threads wins; without any estimate, the
-    lowest budget among urgent and critical threads; "" when no thread is at risk.
+    The first thread in `risk_order` that is at risk: its level is watch or worse, or it has a
+    compaction estimate. The level comes first because an estimate needs a recent token rate (an
+    idle thread at 1 % has none, yet compacts at its next turn); among threads of the same level the
+    earliest estimate, then the lowest percent, wins. "" when no thread is at risk.
     """
-    dated = [t for t in threads if t.budget is not None and t.budget.compaction_expected_at is not None]
-    if dated:
-        return min(dated, key=lambda t: (t.budget.compaction_expected_at, t.thread_id)).thread_id  # type: ignore[union-attr]
-    risky = [t for t in threads if t.budget is not None and t.budget.level in ("urgent", "critical")]
-    if risky:
-        return min(risky, key=lambda t: (t.budget.remaining_pct, t.thread_id)).thread_id  # type: ignore[union-attr]
+    for view in risk_order(threads):
+        budget = view.budget
+        if budget is not None and (budget.level != "safe" or budget.compaction_expected_at is not None):
+            return view.thread_id
     return ""
 
 

@@ -99,9 +99,17 @@ def test_risk_order_and_next_compaction_risk() -> None:
         view("watch", budget(45, "watch", expected_in=10)),
     ]
     assert [t.thread_id for t in risk_order(threads)] == ["critical", "urgent", "watch", "safe", "silent"]
-    assert next_compaction_risk_thread(threads) == "watch"  # the only dated estimate wins
+    assert next_compaction_risk_thread(threads) == "critical"  # the worst level, dated or not
     undated = [t for t in threads if t.thread_id != "watch"]
     assert next_compaction_risk_thread(undated) == "critical"
+    urgent_pair = [view("slow", budget(28, "urgent")), view("fast", budget(31, "urgent", expected_in=5))]
+    assert next_compaction_risk_thread(urgent_pair) == "fast"  # same level: the earliest estimate
+    dated_safe = [
+        view("idle-critical", budget(1, "critical")),
+        view("busy-safe", budget(67, "safe", expected_in=9)),
+    ]
+    assert next_compaction_risk_thread(dated_safe) == "idle-critical"
+    assert next_compaction_risk_thread([view("busy-safe", budget(67, "safe", expected_in=9))]) == "busy-safe"
     assert next_compaction_risk_thread([view("safe", budget(80, "safe"))]) == ""
 
 
