@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,43 @@ async def watch_events(
         yield [to_envelope(stored) for stored in batch]
 
 
+# A stream attempt that delivered a response, or stayed open this long, was healthy.
+HEALTHY_STREAM_SECONDS = 10.0
+
+
+class Reconnection:
+    """When to reconnect a followed stream. While attempts fail, the delay grows from 0.2 s,
+    doubling to at most 10 s; after an attempt that was healthy (it delivered a response, or stayed
+    open `HEALTHY_STREAM_SECONDS`: an idle stream that the server's connection recycling ended) it is
+    0.2 s again. Delays are jittered by +-50 % so that many followers do not reconnect together.
+
+    Use: `attempt_started()` before connecting, `delivered()` for each response, `next_delay()` once
+    the attempt ended (it also sets `was_healthy`)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._failures = 0
+        self._started = clock()
+        self._delivered = False
+        self.was_healthy = False
+
+    def attempt_started(self) -> None:
+        """A new attempt begins now."""
+        self._started = self._clock()
+        self._delivered = False
+
+    def delivered(self) -> None:
+        """The current attempt received a response."""
+        self._delivered = True
+
+    def next_delay(self) -> float:
+        """Seconds to wait before the next attempt, the current one having ended."""
+        self.was_healthy = self._delivered or self._clock() - self._started >= HEALTHY_STREAM_SECONDS
+        self._failures = 0 if self.was_healthy else self._failures + 1
+        base = min(0.2 * 2 ** max(0, self._failures - 1), 10.0)
+        return base * (0.5 + random.random())
+
+
 BatchHandler = Callable[[AsyncConnection, list[StoredEvent]], Awaitable[list[NewEvent]]]
 StreamOpener = Callable[[int], AsyncIterator[Sequence[events_pb2.EventEnvelope]]]
 
@@ -134,6 +172,7 @@ class EventConsumer:
         self.batches_applied = 0
         self.applied = asyncio.Condition()
         self._inbox: _Inbox | None = None
+        self._reconnection = Reconnection()
 
     def upcoming(self) -> list[StoredEvent]:
         """The events received after the batch being applied and not yet taken (at most
@@ -223,23 +262,29 @@ class EventConsumer:
             await asyncio.wait_for(self.applied.wait_for(lambda: self.last_sequence >= sequence), timeout)
 
     async def run(self) -> None:
-        """Follows the upstream forever: reconnects with backoff (0.2 s doubling to 10 s, jittered)
-        when the upstream is unavailable. Cancel the task to stop."""
-        delay = 0.2
+        """Follows the upstream forever, reconnecting as `Reconnection` says: at once after a
+        healthy stream ended (servers recycle connections every few minutes: logged at INFO), with
+        backoff while the upstream is unavailable (WARNING). Cancel the task to stop."""
+        reconnection = self._reconnection
         while True:
+            reconnection.attempt_started()
             try:
                 await self._follow_once()
-                delay = 0.2
             except asyncio.CancelledError:
                 raise
-            except grpc.aio.AioRpcError as error:
-                log.warning(
-                    "%s stream unavailable (%s); retrying in %.1f s", self.stream_name, error.code(), delay
-                )
+            except (grpc.aio.AioRpcError, ConnectionError) as error:
+                reason = error.code() if isinstance(error, grpc.aio.AioRpcError) else error
+                delay = reconnection.next_delay()
+                if reconnection.was_healthy:
+                    log.info("%s stream ended (%s); reconnecting", self.stream_name, reason)
+                else:
+                    log.warning(
+                        "%s stream unavailable (%s); retrying in %.1f s", self.stream_name, reason, delay
+                    )
             except Exception:
+                delay = reconnection.next_delay()
                 log.exception("%s consumer failed; retrying in %.1f s", self.stream_name, delay)
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 10.0)
+            await asyncio.sleep(delay)
 
     async def _settle(self, inbox: _Inbox, batch: list[StoredEvent]) -> BaseException | None:
         """Grows a batch before it is applied (module docstring): yields to the loop and takes what
@@ -262,6 +307,7 @@ class EventConsumer:
         async def read() -> None:
             try:
                 async for envelopes in self._open_stream(cursor):
+                    self._reconnection.delivered()
                     await inbox.put([from_envelope(envelope) for envelope in envelopes])
                 await inbox.put(ConnectionError(f"{self.stream_name} stream ended"))
             except asyncio.CancelledError:

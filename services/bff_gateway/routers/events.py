@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -49,6 +48,7 @@ from services.bff_gateway.problems import (
 )
 from services.shared.auth import SCOPE_EVENTS_READ, Principal, TokenAuthority, bearer_metadata
 from services.shared.errors import BossError
+from services.shared.event_stream import Reconnection
 from services.shared.time import from_timestamp, isoformat_utc
 
 log = logging.getLogger(__name__)
@@ -187,26 +187,33 @@ class EventHub:
         self.position = event.sequence
 
     async def _follow(self) -> None:
-        delay = 0.2
+        reconnection = Reconnection()
         while True:
+            reconnection.attempt_started()
             try:
                 call = self._client.stub().WatchEvents(
                     pb.WatchEventsRequest(after_sequence=self.position), metadata=bearer_metadata(self._token)
                 )
                 async for response in call:
+                    reconnection.delivered()
                     for envelope in response.events:
                         self.publish(hub_event(envelope))
-                    delay = 0.2
+                delay = reconnection.next_delay()
+                log.info("conversations event stream ended; reconnecting")
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as error:
-                log.warning(
-                    "conversations event stream unavailable (%s); retrying in %.1f s", error.code(), delay
-                )
+                delay = reconnection.next_delay()
+                if reconnection.was_healthy:
+                    log.info("conversations event stream ended (%s); reconnecting", error.code())
+                else:
+                    log.warning(
+                        "conversations event stream unavailable (%s); retrying in %.1f s", error.code(), delay
+                    )
             except Exception:
+                delay = reconnection.next_delay()
                 log.exception("conversations event stream failed; retrying in %.1f s", delay)
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 10.0)
+            await asyncio.sleep(delay)
 
     async def stop(self) -> None:
         """Stops following."""
@@ -260,17 +267,19 @@ def _parse_last_event_id(header: str | None, query: str | None) -> int | None:
 
 
 async def _backfill(client: Any, token: str, after: int, until: int) -> AsyncIterator[bytes]:
-    """Frames of the caller's events in (after, until], read page by page with the caller's token."""
+    """Frames of the caller's events in (after, until], read page by page with the caller's token;
+    one chunk of frames per page. (Frame by frame, a replay to a client that has gone wrote hundreds
+    of times into the closed socket before the event loop could notice the disconnect, each write
+    logging a warning.)"""
     cursor = after
     while cursor < until:
         page = await client.call(
             "ListEvents", pb.ListEventsRequest(after_sequence=cursor, page_size=BACKFILL_PAGE), token
         )
-        for envelope in page.events:
-            if envelope.sequence > until:
-                return
-            yield hub_event(envelope).frame
-        if page.scanned_through_sequence <= cursor:
+        frames = [hub_event(envelope).frame for envelope in page.events if envelope.sequence <= until]
+        if frames:
+            yield b"".join(frames)
+        if len(frames) < len(page.events) or page.scanned_through_sequence <= cursor:
             return
         cursor = int(page.scanned_through_sequence)
 
