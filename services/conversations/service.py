@@ -480,9 +480,14 @@ class ConversationsHandlers:
         return await self._change_project(owner, project_id, {"title": clean}, "renamed")
 
     async def _change_project(self, owner: str, project_id: str, values: dict[str, Any], change: str) -> Row:
+        """Writes `values` to the owner's project and publishes `conversation.updated` (`change`);
+        a request that changes nothing (pinning a pinned conversation, the same title) writes and
+        publishes nothing and answers the project as it is."""
         async with self.database.transaction() as connection:
             repository = SqlAlchemyConversationsRepository(connection)
             project = await self._owned_project(repository, owner, project_id)
+            if all(project[name] == value for name, value in values.items()):
+                return project
             await repository.update_project(project["project_id"], {**values, "updated_at": utc_now()})
             changed = await repository.project(project["project_id"])
             assert changed is not None

@@ -656,3 +656,31 @@ async def test_one_batch_of_many_threads_updates_every_ring_and_risk_in_thread_o
     rows = {r.project_id: r.context_budget_indicator for r in (await home(stack)).conversations}
     assert (rows[single_1].percent, rows[single_2].percent, rows[imported].percent) == (30, 80, 64)
     assert not rows[group].visible
+
+
+async def test_pinning_twice_or_renaming_to_the_same_title_publishes_nothing_more(stack: Stack) -> None:
+    project_id = (await register(stack, "th-pin")).project_id
+    before = len(await events_of(stack))
+
+    async def pin(pinned: bool) -> None:
+        await stack.stub.SetConversationPinned(
+            pb.SetConversationPinnedRequest(project_id=project_id, pinned=pinned), metadata=stack.client()
+        )
+
+    async def rename(title: str) -> None:
+        await stack.stub.RenameProject(
+            pb.RenameProjectRequest(project_id=project_id, title=title), metadata=stack.client()
+        )
+
+    await pin(True)
+    await pin(True)
+    await pin(False)
+    await pin(False)
+    await rename("Release work")
+    await rename("Release work")
+    changes = [
+        payload.get("change")
+        for kind, payload in (await events_of(stack))[before:]
+        if kind == "conversation.updated"
+    ]
+    assert changes == ["pinned", "unpinned", "renamed"]
