@@ -25,8 +25,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.shared.db import Database
 from services.shared.outbox import EventLog, NewEvent, StoredEvent
+from services.shared.reconnection import Reconnection
 from services.shared.time import from_timestamp, to_timestamp, utc_now
 
 log = logging.getLogger(__name__)
@@ -88,43 +87,6 @@ async def watch_events(
     one message instead of one per event."""
     async for batch in event_log.follow_batches(after_sequence, types, decode=False):
         yield [to_envelope(stored) for stored in batch]
-
-
-# A stream attempt that delivered a response, or stayed open this long, was healthy.
-HEALTHY_STREAM_SECONDS = 10.0
-
-
-class Reconnection:
-    """When to reconnect a followed stream. While attempts fail, the delay grows from 0.2 s,
-    doubling to at most 10 s; after an attempt that was healthy (it delivered a response, or stayed
-    open `HEALTHY_STREAM_SECONDS`: an idle stream that the server's connection recycling ended) it is
-    0.2 s again. Delays are jittered by +-50 % so that many followers do not reconnect together.
-
-    Use: `attempt_started()` before connecting, `delivered()` for each response, `next_delay()` once
-    the attempt ended (it also sets `was_healthy`)."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._failures = 0
-        self._started = clock()
-        self._delivered = False
-        self.was_healthy = False
-
-    def attempt_started(self) -> None:
-        """A new attempt begins now."""
-        self._started = self._clock()
-        self._delivered = False
-
-    def delivered(self) -> None:
-        """The current attempt received a response."""
-        self._delivered = True
-
-    def next_delay(self) -> float:
-        """Seconds to wait before the next attempt, the current one having ended."""
-        self.was_healthy = self._delivered or self._clock() - self._started >= HEALTHY_STREAM_SECONDS
-        self._failures = 0 if self.was_healthy else self._failures + 1
-        base = min(0.2 * 2 ** max(0, self._failures - 1), 10.0)
-        return base * (0.5 + random.random())
 
 
 BatchHandler = Callable[[AsyncConnection, list[StoredEvent]], Awaitable[list[NewEvent]]]

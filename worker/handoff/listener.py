@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ import grpc
 from boss.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.shared.auth import bearer_metadata
+from services.shared.reconnection import Reconnection
 from services.shared.time import to_timestamp
 from worker.codex_sessions.git_state import read_git_state
 from worker.codex_sessions.tracker import LastActivity
@@ -157,9 +157,12 @@ class HandoffWorker:
             )
 
     async def run(self) -> None:
-        """Follows the command stream until cancelled, reconnecting with backoff."""
-        delay = 0.5
+        """Follows the command stream until cancelled, reconnecting as `Reconnection` says: at once
+        after a healthy stream ended (the scheduler recycles connections every few minutes: INFO),
+        with backoff while the scheduler is unreachable (WARNING)."""
+        reconnection = Reconnection()
         while True:
+            reconnection.attempt_started()
             try:
                 async with grpc.aio.insecure_channel(self.scheduler_address) as channel:
                     stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
@@ -170,19 +173,22 @@ class HandoffWorker:
                         metadata=bearer_metadata(self.token),
                     )
                     async for response in call:
-                        delay = 0.5
+                        reconnection.delivered()
                         await self.handle(stub, response.command)
+                delay = reconnection.next_delay()
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as error:
+                delay = reconnection.next_delay()
                 if error.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                     log.error("scheduler refused the command stream: %s", error.details())
+                elif reconnection.was_healthy:
+                    log.info("command stream ended (%s); reconnecting", error.code())
                 else:
                     log.warning(
                         "command stream interrupted (%s); reconnecting in %.1f s", error.code(), delay
                     )
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 15.0)
+            await asyncio.sleep(delay)
 
     async def handle(
         self, stub: scheduler_pb2_grpc.SchedulerServiceStub, command: scheduler_pb2.WorkerCommand

@@ -48,7 +48,7 @@ from services.bff_gateway.problems import (
 )
 from services.shared.auth import SCOPE_EVENTS_READ, Principal, TokenAuthority, bearer_metadata
 from services.shared.errors import BossError
-from services.shared.event_stream import Reconnection
+from services.shared.reconnection import Reconnection
 from services.shared.time import from_timestamp, isoformat_utc
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,10 @@
-"""When a followed stream reconnects (services/shared/event_stream.py `Reconnection`)."""
+"""When a followed stream reconnects (services/shared/reconnection.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.shared.event_stream import HEALTHY_STREAM_SECONDS, Reconnection
+from services.shared.reconnection import HEALTHY_STREAM_SECONDS, Reconnection
 
 
 class Clock:

@@ -1,0 +1,45 @@
+"""Reconnecting a followed gRPC stream: when to try again, and whether the attempt that ended was
+healthy (so that a server's routine connection recycling is logged as information, not as a fault).
+Used by the services' event consumers, the gateway's event hub and the worker's command listener."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+# A stream attempt that delivered a response, or stayed open this long, was healthy.
+HEALTHY_STREAM_SECONDS = 10.0
+
+
+class Reconnection:
+    """When to reconnect a followed stream. While attempts fail, the delay grows from 0.2 s,
+    doubling to at most 10 s; after an attempt that was healthy (it delivered a response, or stayed
+    open `HEALTHY_STREAM_SECONDS`: an idle stream that the server's connection recycling ended) it is
+    0.2 s again. Delays are jittered by +-50 % so that many followers do not reconnect together.
+
+    Use: `attempt_started()` before connecting, `delivered()` for each response, `next_delay()` once
+    the attempt ended (it also sets `was_healthy`)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._failures = 0
+        self._started = clock()
+        self._delivered = False
+        self.was_healthy = False
+
+    def attempt_started(self) -> None:
+        """A new attempt begins now."""
+        self._started = self._clock()
+        self._delivered = False
+
+    def delivered(self) -> None:
+        """The current attempt received a response."""
+        self._delivered = True
+
+    def next_delay(self) -> float:
+        """Seconds to wait before the next attempt, the current one having ended."""
+        self.was_healthy = self._delivered or self._clock() - self._started >= HEALTHY_STREAM_SECONDS
+        self._failures = 0 if self.was_healthy else self._failures + 1
+        base = min(0.2 * 2 ** max(0, self._failures - 1), 10.0)
+        return base * (0.5 + random.random())
