@@ -74,11 +74,17 @@ class IngestOutcome:
     level: ContextBudgetLevel
     duplicate: bool = False
     superseded: bool = False
+    compaction_near: bool = False
 
     @property
     def master_actions(self) -> tuple[MasterAction, ...]:
-        """CB-7 actions at the current level."""
-        return master_actions_for(self.level)
+        """CB-7 actions at the current level; with `prepare_handoff` added (after them) when the
+        snapshot expects its compaction within the risk horizon, as the scheduler's CB-19 rule then
+        sends prepare_handoff whatever the level (services/scheduler/domain/guarantee.py)."""
+        actions = master_actions_for(self.level)
+        if self.compaction_near and MasterAction.PREPARE_HANDOFF not in actions:
+            return (*actions, MasterAction.PREPARE_HANDOFF)
+        return actions
 
     @property
     def next_required_report_in_seconds(self) -> int:
@@ -247,7 +253,9 @@ def plan_ingest(
         state = planner.apply(snapshot, level, previous)
         heads[thread_id] = state.head
         changed[thread_id] = state
-        plan.outcomes.append(IngestOutcome(snapshot_id, thread_id, level))
+        expected = snapshot.compaction_expected_at
+        near = expected is not None and expected - snapshot.captured_at <= horizon
+        plan.outcomes.append(IngestOutcome(snapshot_id, thread_id, level, compaction_near=near))
     plan.states = list(changed.values())
     plan.new_alerts = list(planner.new_alerts.values())
     return plan

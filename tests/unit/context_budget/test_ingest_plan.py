@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -305,6 +306,28 @@ def test_compaction_expected_soon_opens_risk_even_when_safe() -> None:
     assert [a.alert_type for a in result.new_alerts] == [AlertType.COMPACTION_RISK]
     horizon_short = plan([snapshot], horizon=timedelta(minutes=1))
     assert horizon_short.new_alerts == []
+
+
+def test_the_ack_asks_for_a_handoff_when_compaction_is_near_at_any_level() -> None:
+    near = make_snapshot(
+        context_budget_remaining_pct=70, compaction_expected_at=NOW + timedelta(minutes=3), captured_at=NOW
+    )
+    far = make_snapshot(
+        snapshot_id="far",
+        context_budget_remaining_pct=70,
+        compaction_expected_at=NOW + timedelta(minutes=30),
+        captured_at=NOW,
+    )
+    assert [a.value for a in plan([near]).outcomes[0].master_actions] == [
+        "refresh_stage_summary",
+        "prepare_handoff",
+    ]
+    assert [a.value for a in plan([far]).outcomes[0].master_actions] == ["refresh_stage_summary"]
+    urgent = replace(near, context_budget_remaining_pct=30)
+    assert [a.value for a in plan([urgent]).outcomes[0].master_actions].count("prepare_handoff") == 1
+    assert [a.value for a in plan([near], horizon=timedelta(minutes=1)).outcomes[0].master_actions] == [
+        "refresh_stage_summary"
+    ]
 
 
 def test_compaction_count_increase_is_observed() -> None:
