@@ -200,6 +200,12 @@ class HandoffWorker:
         outcome: scheduler_pb2.CommandOutcome = scheduler_pb2.COMMAND_OUTCOME_DONE
         detail = ""
         if command.command_type == scheduler_pb2.COMMAND_TYPE_PREPARE_HANDOFF:
+            log.info(
+                "thread %s: prepare_handoff for package %s (%s)",
+                command.thread_id,
+                command.handoff_package_id,
+                command.reason,
+            )
             try:
                 detail = await self._prepare_handoff(stub, command)
             except grpc.aio.AioRpcError as error:
