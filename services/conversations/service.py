@@ -50,6 +50,7 @@ from services.conversations.domain.model import (
     LEVELS,
     MASTER_AGENT,
     MASTER_ALIAS,
+    SCHEDULER_HANDOFF_CLOSED,
     SCHEDULER_HANDOFF_EVENTS,
     SINGLE_DEVICE,
     ChecklistEntry,
@@ -855,6 +856,8 @@ class ConversationsHandlers:
         - `thread.handoff.consumed` / `.expired` (same package payload): back to "none".
         - `thread.handoff.closed` {thread_id, handoff_package_id, package_status, reason
           "compaction", compaction_count}: a compaction ended the handoff cycle; back to "none".
+          When the thread's stored reading does not show that compaction yet, the project's risk
+          is republished only with that reading (no false "handoff required" in between).
         - `project.context_strategy.updated` {project_id, master_context_strategy_summary, ...}:
           stores the project's summary (CB-13). The scheduler keys it by the `project_id` workers
           report; a project unknown here is skipped.
@@ -994,9 +997,25 @@ class ConversationsHandlers:
                     node_id=thread["node_id"],
                 )
             )
-        if thread["archived_at"] is None:
+        if thread["archived_at"] is None and not _closed_ahead_of_its_reading(event, thread):
             published += await self._publish_thread_change(repository, thread_id)
         return published
+
+
+def _closed_ahead_of_its_reading(event: StoredEvent, thread: Mapping[Any, Any]) -> bool:
+    """True for a `thread.handoff.closed` whose compaction the thread's stored reading does not show
+    yet (that reading is still behind on context_budget's stream). Its project's risk is then not
+    republished: it would pair the pre-compaction budget (often critical) with no package, a false
+    "handoff required" until the reading arrives, and that reading's own events carry the closed
+    cycle."""
+    if event.type != SCHEDULER_HANDOFF_CLOSED:
+        return False
+    budget = budget_of(thread)
+    try:
+        closed_at_count = int(event.payload.get("compaction_count") or 0)
+    except (TypeError, ValueError):
+        return False
+    return budget is not None and budget.compaction_count < closed_at_count
 
 
 def _reporter_columns(thread: Mapping[Any, Any], payload: Mapping[Any, Any]) -> dict[str, Any]:

@@ -684,3 +684,51 @@ async def test_pinning_twice_or_renaming_to_the_same_title_publishes_nothing_mor
         if kind == "conversation.updated"
     ]
     assert changes == ["pinned", "unpinned", "renamed"]
+
+
+def closed_payload(thread_id: str, package_id: str, compaction_count: int) -> dict[str, object]:
+    """`thread.handoff.closed` as the scheduler writes it when a report shows a compaction."""
+    return {
+        "thread_id": thread_id,
+        "project_id": "",
+        "node_id": "node-a",
+        "reason": "compaction",
+        "handoff_package_id": package_id,
+        "package_status": "ready",
+        "compaction_count": compaction_count,
+    }
+
+
+async def test_a_cycle_closed_before_the_compaction_reading_arrives_raises_no_false_alarm(
+    stack: Stack,
+) -> None:
+    project_id = (await register(stack, "th-1")).project_id
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 3.0, "critical"))
+    await stack.scheduler.publish("thread.handoff.required", required_payload("th-1", "hp-1"))
+    await stack.scheduler.publish("thread.handoff.ready", package_payload("th-1", "hp-1", "ready"))
+    await stack.settle()
+    before = len(await events_of(stack))
+
+    # The scheduler's stream is ahead: the cycle closes before the reading showing compaction 1.
+    await stack.scheduler.publish("thread.handoff.closed", closed_payload("th-1", "hp-1", 1))
+    await stack.settle()
+    risks = [p for t, p in (await events_of(stack))[before:] if t == "project.context_risk.updated"]
+    assert risks == [], "no risk published that pairs the pre-compaction critical budget with no package"
+
+    await stack.budget.publish(
+        "thread.context.updated", budget_payload("th-1", 97.0, "safe", version=2, compaction_count=1)
+    )
+    await stack.settle()
+    risks = [p for t, p in (await events_of(stack))[before:] if t == "project.context_risk.updated"]
+    assert risks and risks[-1]["threads_requiring_handoff"] == []
+    assert risks[-1]["project_id"] == project_id
+
+    # In the usual order (the reading first), the closed cycle is published at once.
+    await stack.budget.publish(
+        "thread.context.updated", budget_payload("th-1", 20.0, "critical", version=3, compaction_count=2)
+    )
+    await stack.settle()
+    after_reading = len(await events_of(stack))
+    await stack.scheduler.publish("thread.handoff.closed", closed_payload("th-1", "hp-2", 2))
+    await stack.settle()
+    assert [t for t, _p in (await events_of(stack))[after_reading:]] == ["project.context_risk.updated"]
