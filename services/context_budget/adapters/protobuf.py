@@ -209,8 +209,11 @@ def policy_of(message: pb.ThresholdPolicy) -> ThresholdPolicy:
 
 
 def ack_message(outcome: IngestOutcome) -> pb.ThreadContextAck:
-    """The ack of an accepted snapshot (CB-10)."""
+    """The ack of an accepted snapshot (CB-10); its master actions are `outcome.master_actions` (the
+    level's, plus prepare_handoff when the snapshot expects its compaction within the horizon)."""
     level, cadence, actions = _ACK_PARTS[outcome.level]
+    if outcome.compaction_near:
+        actions = [MASTER_ACTION_NUMBERS[action] for action in outcome.master_actions]
     return pb.ThreadContextAck(
         accepted=True,
         thread_id=outcome.thread_id,

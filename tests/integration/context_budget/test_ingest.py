@@ -74,6 +74,20 @@ async def test_ack_carries_level_cadence_and_master_actions(
     assert not ack.HasField("error")
 
 
+@pytest.mark.parametrize(("minutes", "asks_for_handoff"), [(5, True), (30, False)])
+async def test_a_compaction_expected_within_the_horizon_adds_prepare_handoff_at_any_level(
+    stub: pb_grpc.ContextBudgetServiceStub, tokens: Tokens, minutes: int, asks_for_handoff: bool
+) -> None:
+    message = snapshot(pct=80.0, snapshot_id=f"snap-{minutes}")
+    message.compaction_expected_at.FromDatetime(message.captured_at.ToDatetime() + timedelta(minutes=minutes))
+    ack = await report(stub, tokens.worker, message)
+    assert ack.context_budget_level == pb.CONTEXT_BUDGET_LEVEL_SAFE
+    expected = ACTIONS[pb.CONTEXT_BUDGET_LEVEL_SAFE] + (
+        [pb.MASTER_ACTION_PREPARE_HANDOFF] if asks_for_handoff else []
+    )
+    assert list(ack.master_actions) == expected  # what the scheduler's compaction-near rule sends
+
+
 async def test_every_field_is_persisted_in_history_and_current_state(
     service: ContextBudgetService, stub: pb_grpc.ContextBudgetServiceStub, tokens: Tokens
 ) -> None:
