@@ -28,6 +28,7 @@ from services.bff_gateway.clients import (
 from services.bff_gateway.problems import BodySizeLimit, install_problem_handlers, use_problem_media_type
 from services.bff_gateway.request_body import add_body_schemas
 from services.bff_gateway.routers import conversations, handoff, health, threads, workers
+from services.bff_gateway.routers.events import EventHub
 from services.bff_gateway.settings import GatewaySettings, split_host_port
 from services.bff_gateway.state import GatewayState
 from services.shared import config
@@ -137,15 +138,26 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
     )
     tune_garbage_collection()
     watcher = asyncio.create_task(_stop_when(stop, server)) if stop is not None else None
+    closer = asyncio.create_task(_end_streams_on_exit(server, app.state.event_hub))
     try:
         log.info(
             "gateway serving on %s (context_budget at %s)", settings.listen, settings.context_budget_address
         )
         await server.serve()
     finally:
+        closer.cancel()
         if watcher is not None:
             watcher.cancel()
         await channel.close()
+
+
+async def _end_streams_on_exit(server: uvicorn.Server, hub: EventHub) -> None:
+    """Once uvicorn begins to shut down (a signal, or `stop`), ends the open SSE streams, so that
+    its graceful shutdown does not wait out its timeout on them. Uvicorn has no hook for that
+    moment; its flag is polled every 0.1 s."""
+    while not server.should_exit:
+        await asyncio.sleep(0.1)
+    hub.close_subscribers()
 
 
 async def _stop_when(stop: asyncio.Event, server: uvicorn.Server) -> None:

@@ -111,8 +111,17 @@ class Subscriber:
     """One SSE client: its owner (None: every owner, for service tokens) and its queue."""
 
     owner_id: str | None
-    queue: asyncio.Queue[HubEvent] = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
+    # None in the queue: the gateway is shutting down, end the stream.
+    queue: asyncio.Queue[HubEvent | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
     overflowed: bool = False
+
+    def close(self) -> None:
+        """Ends the client's stream once it has sent what is queued (the client resumes elsewhere
+        with Last-Event-ID)."""
+        try:
+            self.queue.put_nowait(None)
+        except asyncio.QueueFull:
+            self.overflowed = True
 
     def offer(self, event: HubEvent) -> None:
         """Queues the event if it is this client's; marks the client overflowed when its queue is full."""
@@ -176,6 +185,13 @@ class EventHub:
             group.discard(subscriber)
             if not group:
                 del self._subscribers[subscriber.owner_id]
+
+    def close_subscribers(self) -> None:
+        """Ends every open stream (at shutdown: an endless response would otherwise hold the
+        server's graceful shutdown until its timeout, and be cancelled)."""
+        for group in self._subscribers.values():
+            for subscriber in group:
+                subscriber.close()
 
     def publish(self, event: HubEvent) -> None:
         """Hands an event to every subscriber and advances the position."""
@@ -358,6 +374,8 @@ async def stream_events(
                 except TimeoutError:
                     yield b": ping\n\n"
                     continue
+                if event is None:
+                    return
                 if event.sequence > cursor:
                     cursor = event.sequence
                     yield event.frame

@@ -26,6 +26,7 @@ class RunningGateway:
     base_url: str
     http: httpx.AsyncClient
     stack: Stack
+    app: Any = None
 
     def headers(self, owner_id: str = "local") -> dict[str, str]:
         """Authorization of a client token for `owner_id`."""
@@ -56,7 +57,7 @@ async def serve_gateway(stack: Stack, heartbeat_seconds: float = 15.0) -> AsyncI
     base_url = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
-            yield RunningGateway(base_url, http, stack)
+            yield RunningGateway(base_url, http, stack, app)
     finally:
         await app.state.event_hub.stop()
         server.should_exit = True

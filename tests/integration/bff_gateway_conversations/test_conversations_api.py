@@ -8,11 +8,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from boss.conversations.v1 import conversations_pb2 as pb
 
 from services.bff_gateway.routers.handoff import checklist_json
+from services.bff_gateway.server import _end_streams_on_exit
 from services.scheduler import service as scheduler_service
 from services.scheduler.domain.handoff import (
     ChecklistEntry,
@@ -221,6 +223,22 @@ async def test_sse_headers_live_event_and_exact_resume(gateway: RunningGateway, 
             "percent": 50,
             "level": "watch",
         }
+
+
+async def test_open_streams_end_when_the_gateway_shuts_down(gateway: RunningGateway, stack: Stack) -> None:
+    await register(stack, "th-1")
+    server = SimpleNamespace(should_exit=False)
+    closer = asyncio.create_task(_end_streams_on_exit(server, gateway.app.state.event_hub))  # type: ignore[arg-type]
+    async with gateway.http.stream("GET", "/api/v1/events", headers=gateway.headers()) as response:
+        reader = SseReader(response)
+        assert (await reader.next_event()).event == "stream.opened"
+        await asyncio.sleep(0.2)
+        assert not closer.done()
+        server.should_exit = True  # what uvicorn sets on SIGINT / SIGTERM
+        await asyncio.wait_for(closer, 2)
+        with pytest.raises(ConnectionError, match="stream ended"):  # after what was queued
+            for _ in range(20):
+                await reader.next_event(timeout=2.0)
 
 
 async def test_sse_shows_only_the_callers_owner_and_sends_heartbeats(

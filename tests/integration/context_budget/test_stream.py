@@ -176,8 +176,9 @@ async def test_a_stream_without_report_scope_is_refused(
         (tokens.expired, grpc.StatusCode.UNAUTHENTICATED),
     ):
         call = stub.StreamThreadContext(metadata=auth(token))
-        # The server refuses at once, so the write itself may already see the status.
+        # The server refuses on the metadata, before any message: reading shows its status. (A
+        # write could race the refusal and fail locally with INTERNAL instead.)
         with pytest.raises(grpc.aio.AioRpcError) as raised:
-            await call.write(pb.StreamThreadContextRequest(batch_id=1, snapshots=[snapshot()]))
             await call.read()
         assert raised.value.code() is code
+        assert await call.code() is code
