@@ -57,7 +57,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.shared.db import Database
-from services.shared.sql_types import UtcDateTime
+from services.shared.sql_types import UtcDateTime, driver_connection
 from services.shared.time import utc_now
 
 log = logging.getLogger(__name__)
@@ -168,9 +168,10 @@ def _stored_event(row: Sequence[Any], decode: bool) -> StoredEvent:
     )
 
 
-def _sequenced(last: int, pending: list[NewEvent], payloads: list[str], trace_json: str) -> list[StoredEvent]:
+def _sequenced(
+    last: int, pending: list[NewEvent], payloads: list[str], trace_context: dict[str, str]
+) -> list[StoredEvent]:
     """The appended events as stored: numbered from `last` + 1 (payloads left as JSON text)."""
-    trace_context = json.loads(trace_json) if trace_json != "{}" else {}
     return [
         StoredEvent(
             sequence=last + position,
@@ -225,7 +226,7 @@ class EventLog:
         postgres = connection.dialect.name == "postgresql"
         if postgres and len(pending) < COPY_THRESHOLD:
             base = await self._append_unnest(connection, pending, payloads, trace_json)
-            return _sequenced(base, pending, payloads, trace_json)
+            return _sequenced(base, pending, payloads, carrier)
         last: int | None
         if postgres:
             advanced = (
@@ -250,13 +251,13 @@ class EventLog:
         ]
         if postgres:
             await self._copy(connection, rows)
-            return _sequenced(int(last), pending, payloads, trace_json)
+            return _sequenced(int(last), pending, payloads, carrier)
         await connection.execute(
             insert(self._events), [dict(zip(_EVENT_COLUMNS, row, strict=True)) for row in rows]
         )
         advance = self._sequencer.update().where(self._sequencer.c.id == 1)
         await connection.execute(advance.values(last_sequence=int(last) + len(rows)))
-        return _sequenced(int(last), pending, payloads, trace_json)
+        return _sequenced(int(last), pending, payloads, carrier)
 
     async def _append_unnest(
         self, connection: AsyncConnection, pending: list[NewEvent], payloads: list[str], trace_json: str
@@ -297,9 +298,7 @@ class EventLog:
 
     async def _copy(self, connection: AsyncConnection, rows: list[tuple[Any, ...]]) -> None:
         """Binary COPY of outbox rows in the connection's transaction (PostgreSQL, psycopg 3)."""
-        raw = await connection.get_raw_connection()
-        driver = raw.driver_connection
-        assert driver is not None
+        driver = await driver_connection(connection)
         columns = ", ".join(_EVENT_COLUMNS)
         async with (
             driver.cursor() as cursor,

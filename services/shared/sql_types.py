@@ -92,6 +92,16 @@ def _in_utc(row: dict[str, Any], names: Sequence[str]) -> None:
             row[name] = row[name].astimezone(UTC)
 
 
+async def driver_connection(connection: AsyncConnection) -> Any:
+    """The driver's own connection (psycopg's `AsyncConnection` on PostgreSQL) under a SQLAlchemy
+    connection, in the same transaction: for COPY and for hot reads whose rows are cheaper as the
+    driver's tuples than as SQLAlchemy rows."""
+    raw = await connection.get_raw_connection()
+    driver = raw.driver_connection
+    assert driver is not None
+    return driver
+
+
 def column_list(table: Table, qualifier: str = "") -> str:
     """Every column of `table`, quoted, in table order (what `fetch_driver_rows` expects), each
     prefixed with `qualifier.` when given: the select list of a driver SQL statement."""

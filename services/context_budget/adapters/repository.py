@@ -42,7 +42,7 @@ from services.context_budget.domain.model import (
     ThreadState,
     ThresholdPolicy,
 )
-from services.shared.sql_types import column_list, fetch_driver_rows
+from services.shared.sql_types import column_list, driver_connection, fetch_driver_rows
 
 _READING_FIELDS = (
     "project_id",
@@ -177,9 +177,7 @@ async def _copy_rows(
 ) -> None:
     """Binary COPY of `rows` into `table` in the connection's transaction (PostgreSQL only)."""
     names = ", ".join(name for name, _type in columns)
-    raw = await connection.get_raw_connection()
-    driver = raw.driver_connection
-    assert driver is not None
+    driver = await driver_connection(connection)
     async with (
         driver.cursor() as cursor,
         cursor.copy(f"COPY {table} ({names}) FROM STDIN (FORMAT BINARY)") as copy,

@@ -33,7 +33,7 @@ from services.scheduler.domain.handoff import (
     TestRun,
 )
 from services.scheduler.domain.model import PackageStatus, ThreadState, parse_level
-from services.shared.sql_types import UtcDateTime, column_list, fetch_driver_rows
+from services.shared.sql_types import UtcDateTime, column_list, driver_connection, fetch_driver_rows
 from services.shared.time import isoformat_utc
 
 
@@ -459,9 +459,7 @@ class SqlAlchemySchedulerRepository:
     ) -> dict[str, ThreadState]:
         """`threads_by_id` on PostgreSQL: the rows' transaction ids first; only rows this repository
         did not write in that version are read whole and converted."""
-        raw = await connection.get_raw_connection()
-        driver = raw.driver_connection
-        assert driver is not None
+        driver = await driver_connection(connection)
         # The driver's cursor directly: 500 rows of two texts are cheaper as its tuples than as
         # SQLAlchemy rows (measured: bench/scheduler_handler_bench.py).
         async with driver.cursor() as cursor:
