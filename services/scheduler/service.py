@@ -230,9 +230,7 @@ class SchedulerHandlers:
         for these events are reused when they still hold (class docstring), and once this batch
         is decided the next one is decided ahead while the writes run."""
         self._batch_projects, self._batch_states = {}, []
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and tuple(e.sequence for e in events[: len(ahead.sequences)]) != ahead.sequences:
-            ahead, self.batches_redecided = None, self.batches_redecided + 1
+        ahead = self._ahead_of(events)
         # The reports of the events decided ahead were parsed then; only the rest are parsed here.
         covered = ahead.reports if ahead is not None else []
         reports = covered + _reports_of(events[len(ahead.sequences) :] if ahead is not None else events)
@@ -240,18 +238,18 @@ class SchedulerHandlers:
             return []
         now = self._clock()
         states = await self.repository.threads_by_id(connection, (r.thread_id for r in reports))
-        decided = self._decided_ahead(ahead, states) if ahead is not None else None
-        if decided is None:
+        applied = self._decided_ahead(ahead, states) if ahead is not None else None
+        if applied is None:
             applied = apply_reports(reports, states, self.settings, self._new_id)
         else:
-            applied = decided + apply_reports(reports[len(covered) :], states, self.settings, self._new_id)
+            applied += apply_reports(reports[len(covered) :], states, self.settings, self._new_id)
         published: list[NewEvent] = []
         command_rows: list[dict[str, Any]] = []
         packages: list[HandoffPackage] = []
         relays: dict[str, str] = {}
         changed: dict[str, ThreadState] = {}
         projects: dict[str, bool] = {}
-        for report, previous, decision in ((item.report, item.previous, item.decision) for item in applied):
+        for report, previous, decision in applied:
             state = decision.state
             changed[report.thread_id] = state
             urgent = (
@@ -311,6 +309,16 @@ class SchedulerHandlers:
             applied=applied,
             states=states,
         )
+
+    def _ahead_of(self, events: list[StoredEvent]) -> _DecidedAhead | None:
+        """Takes the decisions made ahead, if they are for the events this batch begins with."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if tuple(event.sequence for event in events[: len(ahead.sequences)]) != ahead.sequences:
+            self.batches_redecided += 1
+            return None
+        return ahead
 
     def _decided_ahead(
         self, ahead: _DecidedAhead, states: dict[str, ThreadState]

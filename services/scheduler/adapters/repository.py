@@ -103,13 +103,7 @@ def _json_insert(table: Any, columns: Sequence[str], keys: Sequence[str] = ()) -
 
 def _iso(value: datetime | None) -> str | None:
     """`value` as ISO 8601 text in UTC; ValueError for a naive datetime (as UtcDateTime refuses one)."""
-    if value is None:
-        return None
-    if value.tzinfo is UTC:
-        return value.isoformat()
-    if value.tzinfo is None:
-        raise ValueError("naive datetime: pass a timezone-aware UTC datetime")
-    return value.astimezone(UTC).isoformat()
+    return None if value is None else _as_utc(value).isoformat()
 
 
 def _pg_cast(column: Any) -> str:
@@ -168,7 +162,9 @@ def utc_state(state: ThreadState) -> ThreadState:
 
 
 def _as_utc(value: datetime) -> datetime:
-    """`value` in UTC; ValueError for a naive datetime."""
+    """`value` in UTC (the same object when it already is); ValueError for a naive datetime."""
+    if value.tzinfo is UTC:
+        return value
     if value.tzinfo is None:
         raise ValueError("naive datetime: pass a timezone-aware UTC datetime")
     return value.astimezone(UTC)

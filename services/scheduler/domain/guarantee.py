@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from services.scheduler.domain.level_actions import flags_for, level_commands
 from services.scheduler.domain.model import (
@@ -246,8 +246,7 @@ def apply_report(
     )
 
 
-@dataclass(frozen=True)
-class AppliedReport:
+class AppliedReport(NamedTuple):
     """One report that changed its thread: the state before it (None for a new thread) and the
     Decision (never `ignored`)."""
 
@@ -279,7 +278,7 @@ def apply_reports(
 def _apply_level_actions(
     previous: ThreadState | None,
     state: ThreadState,
-    reported: dict[str, Any],
+    changes: dict[str, Any],
     report: BudgetReport,
     settings: SchedulerSettings,
     new_id: Callable[[], str],
@@ -287,12 +286,11 @@ def _apply_level_actions(
     handoff_missing: bool,
 ) -> Decision:
     """CB-7 flags and commands, then the CB-19 prepare_handoff rule. `state` is the thread's state
-    before the report (its epoch already ended when the report shows a compaction) and `reported`
-    the fields the report sets (none of which the rules read); every change is collected and
-    applied once (one copy of the state per report instead of one per rule)."""
+    before the report (its epoch already ended when the report shows a compaction) and `changes`
+    holds the fields the report sets (none of which the rules read); the rules add theirs to it and
+    the state is copied once with all of them (one copy per report instead of one per rule)."""
     flags = flags_for(report.level)
     at_risk = is_at_risk(report, settings)
-    changes = reported
     changes.update(
         no_large_context_appends=flags.no_large_context_appends,
         finish_current_subtask=flags.finish_current_subtask,
