@@ -171,13 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=10, help="events per consumer transaction")
     parser.add_argument("--batches", type=int, default=2_000, help="timed batches per run")
     parser.add_argument("--threads", type=int, default=1_000, help="threads, one project each")
-    parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--database-url", default=DEFAULT_URL)
-    parser.add_argument(
-        "--default-gc",
-        action="store_true",
-        help="keep CPython's default garbage collection (the services tune it: services/shared/runtime.py)",
-    )
+    handler_harness.add_run_arguments(parser, DEFAULT_URL)
     arguments = parser.parse_args(argv)
     print(f"python_speed_reference_ms={python_speed_reference()}")
     results = asyncio.run(
@@ -190,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             tuned_gc=not arguments.default_gc,
         )
     )
-    for number, result in enumerate(results, start=1):
-        print(f"run {number}: " + ", ".join(f"{name}={value}" for name, value in result.items()))
+    handler_harness.print_runs(results)
     return 0
 
 

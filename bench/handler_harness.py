@@ -4,6 +4,7 @@ directly), and events as the consumer hands them to a handler."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from datetime import datetime
 from typing import Any
@@ -43,3 +44,25 @@ def budget_event(sequence: int, occurred_at: datetime, payload: dict[str, Any]) 
         payload=json.loads(json.dumps(payload)),
         trace_context={},
     )
+
+
+def add_gc_argument(parser: argparse.ArgumentParser) -> None:
+    """`--default-gc`: keep CPython's garbage-collection defaults instead of the services' tuning."""
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep CPython's default garbage collection (the services tune it: services/shared/runtime.py)",
+    )
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, default_url: str) -> None:
+    """What every handler benchmark takes besides its load: `--runs`, `--database-url`, `--default-gc`."""
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--database-url", default=default_url)
+    add_gc_argument(parser)
+
+
+def print_runs(results: list[dict[str, Any]]) -> None:
+    """One line per run: `run N: name=value, ...`."""
+    for number, result in enumerate(results, start=1):
+        print(f"run {number}: " + ", ".join(f"{name}={value}" for name, value in result.items()))

@@ -51,6 +51,7 @@ from boss.common.v1 import events_pb2
 from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
 from sqlalchemy import create_engine, text
 
+from bench import handler_harness
 from bench.ingest_bench import (
     postgres_cpu_seconds,
     process_cpu_seconds,
@@ -374,11 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--paced-rate", type=int, default=10_000, help="events/s of the paced phase (the ingest target)"
     )
-    parser.add_argument(
-        "--default-gc",
-        action="store_true",
-        help="keep CPython's default garbage collection (the services tune it: services/shared/runtime.py)",
-    )
+    handler_harness.add_gc_argument(parser)
     arguments = parser.parse_args(argv)
     ranking = bench_ranking(100)
     backlog, seconds = (5_000, 2.0) if arguments.quick else (20_000, 5.0)

@@ -142,13 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=20_000, help="timed events per run")
     parser.add_argument("--batch", type=int, default=500, help="events per consumer transaction")
     parser.add_argument("--threads", type=int, default=2_000, help="distinct threads (200 projects)")
-    parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--database-url", default=DEFAULT_URL)
-    parser.add_argument(
-        "--default-gc",
-        action="store_true",
-        help="keep CPython's default garbage collection (the services tune it: services/shared/runtime.py)",
-    )
+    handler_harness.add_run_arguments(parser, DEFAULT_URL)
     arguments = parser.parse_args(argv)
     results = asyncio.run(
         bench(
@@ -160,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             tuned_gc=not arguments.default_gc,
         )
     )
-    for number, result in enumerate(results, start=1):
-        print(f"run {number}: " + ", ".join(f"{name}={value}" for name, value in result.items()))
+    handler_harness.print_runs(results)
     return 0
 
 
