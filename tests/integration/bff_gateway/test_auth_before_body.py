@@ -89,17 +89,20 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+async def send(http: httpx.AsyncClient, route: BodyRoute, body: bytes, token: str | None) -> httpx.Response:
+    """`body` to `route` as JSON, with `token` as the bearer token when given."""
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return await http.request(route.method, route.path, content=body, headers=headers)
+
+
 @pytest.mark.parametrize("route", ROUTES_WITH_A_BODY, ids=str)
 @pytest.mark.parametrize("body", list(BODIES.values()), ids=list(BODIES))
 async def test_a_token_without_the_scope_is_403_whatever_the_body(
     http: httpx.AsyncClient, route: BodyRoute, body: bytes
 ) -> None:
-    response = await http.request(
-        route.method,
-        route.path,
-        content=body,
-        headers={"Authorization": f"Bearer {route.token}", "Content-Type": "application/json"},
-    )
+    response = await send(http, route, body, route.token)
 
     assert response.status_code == 403, response.text
     assert response.headers["content-type"] == "application/problem+json"
@@ -111,9 +114,7 @@ async def test_a_token_without_the_scope_is_403_whatever_the_body(
 async def test_no_token_is_401_whatever_the_body(
     http: httpx.AsyncClient, route: BodyRoute, body: bytes
 ) -> None:
-    response = await http.request(
-        route.method, route.path, content=body, headers={"Content-Type": "application/json"}
-    )
+    response = await send(http, route, body, None)
 
     assert response.status_code == 401, response.text
     assert response.json()["reason"] == "TOKEN_MISSING"

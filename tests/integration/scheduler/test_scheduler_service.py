@@ -36,6 +36,14 @@ async def next_commands(
     return commands
 
 
+async def consume(running: Running, handoff_package_id: str) -> pb.HandoffPackage:
+    """ConsumeHandoffPackage with the client's token; the package as consumed."""
+    response = await running.stub.ConsumeHandoffPackage(
+        pb.ConsumeHandoffPackageRequest(handoff_package_id=handoff_package_id), metadata=running.client()
+    )
+    return response.handoff_package
+
+
 async def events_of(running: Running, *types: str) -> list[tuple[str, dict]]:
     import json
 
@@ -175,19 +183,11 @@ async def test_levels_commands_package_and_guarantee(database_target: DatabaseTa
         reasons = [p["reason"] for _, p in await events_of(running, "thread.handoff.required")]
         assert reasons == ["context_urgent", "handoff_missing"]
 
-        consumed = (
-            await running.stub.ConsumeHandoffPackage(
-                pb.ConsumeHandoffPackageRequest(handoff_package_id=ready.handoff_package_id),
-                metadata=running.client(),
-            )
-        ).handoff_package
+        consumed = await consume(running, ready.handoff_package_id)
         assert consumed.package_status == pb.PACKAGE_STATUS_CONSUMED
         assert consumed.consumed_by_thread_id == schedule.relay_thread_id
         with pytest.raises(grpc.aio.AioRpcError) as twice:
-            await running.stub.ConsumeHandoffPackage(
-                pb.ConsumeHandoffPackageRequest(handoff_package_id=ready.handoff_package_id),
-                metadata=running.client(),
-            )
+            await consume(running, ready.handoff_package_id)
         assert twice.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         with pytest.raises(grpc.aio.AioRpcError) as unknown:
             await running.stub.GetHandoffPackage(
@@ -395,12 +395,7 @@ async def test_a_compaction_ends_the_threads_handoff_cycle_and_leaves_the_packag
         reasons = [p["reason"] for _, p in await events_of(running, "thread.handoff.required")]
         assert reasons == ["context_urgent"]  # the ready package covered the compaction
 
-        consumed = (
-            await running.stub.ConsumeHandoffPackage(
-                pb.ConsumeHandoffPackageRequest(handoff_package_id=ready.handoff_package_id),
-                metadata=running.client(),
-            )
-        ).handoff_package
+        consumed = await consume(running, ready.handoff_package_id)
         assert consumed.package_status == pb.PACKAGE_STATUS_CONSUMED
         assert not (await schedule_of(running)).HasField("current_package")
 
