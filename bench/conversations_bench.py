@@ -75,6 +75,7 @@ from boss.conversations.v1 import conversations_pb2_grpc as pb_grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy import create_engine, text
 
+from bench import handler_harness
 from bench.ingest_bench import (
     machine_cpu_seconds,
     process_cpu_seconds,
@@ -832,6 +833,7 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
         await seed(base_url, f"127.0.0.1:{ports['CONVERSATIONS']}", authority)
         await register_background(f"127.0.0.1:{ports['CONVERSATIONS']}", authority)
+        handler_harness.analyze(arguments.postgres)
         results: dict[str, Any] = {
             "background_busy_cores_before_run": background,
             "python_speed_reference_ms": python_speed_reference(),

@@ -130,6 +130,7 @@ async def bench(
 
         for _ in range(max(1, threads // batch)):  # every thread once: not timed
             await consumer.apply(next_batch())
+        handler_harness.analyze(url)
         if tuned_gc:
             tune_garbage_collection()
         for _ in range(runs):

@@ -38,6 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from services.shared.db import Database
 from services.shared.outbox import EventLog, NewEvent, StoredEvent
 from services.shared.reconnection import Reconnection
+from services.shared.sql_types import run_driver_sql
 from services.shared.time import from_timestamp, to_timestamp, utc_now
 
 log = logging.getLogger(__name__)
@@ -208,15 +209,15 @@ class EventConsumer:
         an update last, a round trip more per batch). The move is undone with the rest if the
         transaction rolls back. None when the row does not exist yet (the caller inserts it)."""
         table = self._cursors.name
-        result = await connection.exec_driver_sql(
+        rows = await run_driver_sql(
+            connection,
             f"WITH previous AS (SELECT last_sequence FROM {table} WHERE stream_name = %(name)s FOR UPDATE) "
             f"UPDATE {table} SET last_sequence = GREATEST(previous.last_sequence, %(last)s), "
             f"updated_at = %(now)s FROM previous WHERE {table}.stream_name = %(name)s "
             "RETURNING previous.last_sequence",
             {"name": self.stream_name, "last": last, "now": utc_now()},
         )
-        row = result.first()
-        return None if row is None else int(row[0])
+        return int(rows[0][0]) if rows else None
 
     async def wait_for(self, sequence: int, timeout: float = 10.0) -> None:
         """Waits until the consumer applied `sequence` (for tests and read-your-writes)."""

@@ -1,4 +1,4 @@
-"""Column types shared by every service's tables."""
+"""Column types shared by every service's tables, and the driver-SQL helpers of the hot paths."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from sqlalchemy import DateTime, Table
 from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import TypeDecorator
 
@@ -51,9 +53,8 @@ async def fetch_driver_rows(
     `UtcDateTime.process_result_value` would return them."""
     names = [*lead, *(column.name for column in table.columns)]
     times = [column.name for column in table.columns if isinstance(column.type, UtcDateTime)]
-    result = await connection.exec_driver_sql(sql, dict(parameters))
     rows: list[dict[str, Any]] = []
-    for values in result.all():
+    for values in await run_driver_sql(connection, sql, dict(parameters)):
         row = dict(zip(names, values, strict=True))
         _in_utc(row, times)
         rows.append(row)
@@ -72,9 +73,8 @@ async def fetch_driver_row_pairs(
     first_times = [column.name for column in first.columns if isinstance(column.type, UtcDateTime)]
     second_times = [column.name for column in second.columns if isinstance(column.type, UtcDateTime)]
     split = len(first_names)
-    result = await connection.exec_driver_sql(sql, dict(parameters))
     pairs: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
-    for values in result.all():
+    for values in await run_driver_sql(connection, sql, dict(parameters)):
         left = dict(zip(first_names, values[:split], strict=True))
         _in_utc(left, first_times)
         right = None
@@ -100,6 +100,31 @@ async def driver_connection(connection: AsyncConnection) -> Any:
     driver = raw.driver_connection
     assert driver is not None
     return driver
+
+
+async def run_driver_sql(
+    connection: AsyncConnection, sql: str, parameters: Mapping[str, Any] | Sequence[Any] | None = None
+) -> list[tuple[Any, ...]]:
+    """Runs one driver SQL statement (PostgreSQL; psycopg placeholders `%(name)s`, `%s`, or `%b` /
+    `%(name)b` for binary parameters) on the driver's own cursor in the connection's transaction,
+    and returns its rows as tuples of driver values (empty for a statement that returns none).
+
+    For the statements every ingest and projection transaction runs: SQLAlchemy's
+    `exec_driver_sql` sends the same statement but sets up an execution context and a result
+    around it, ~120 us of client CPU per statement measured here (a third of a trivial
+    statement's cost), and a transaction runs five to seven of them.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: as `exec_driver_sql` raises it (OperationalError for a lost
+            connection, IntegrityError, ...), wrapping psycopg's error.
+    """
+    driver = await driver_connection(connection)
+    try:
+        cursor = driver.cursor()
+        await cursor.execute(sql, parameters)
+        return await cursor.fetchall() if cursor.description is not None else []
+    except psycopg.Error as error:
+        raise DBAPIError.instance(sql, parameters, error, psycopg.Error) from error
 
 
 def column_list(table: Table, qualifier: str = "") -> str:

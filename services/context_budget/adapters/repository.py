@@ -42,7 +42,7 @@ from services.context_budget.domain.model import (
     ThreadState,
     ThresholdPolicy,
 )
-from services.shared.sql_types import column_list, driver_connection, fetch_driver_rows
+from services.shared.sql_types import column_list, driver_connection, fetch_driver_rows, run_driver_sql
 
 _READING_FIELDS = (
     "project_id",
@@ -378,8 +378,8 @@ class SqlAlchemyContextRepository:
                 (await connection.execute(select(column).where(column.in_(list(snapshot_ids))))).scalars()
             )
             return heads, existing, await self.load_policies(connection, wanted_projects)
-        rows = await connection.exec_driver_sql(
-            self._pg_batch_context, (ordered, list(snapshot_ids), wanted_projects)
+        rows = await run_driver_sql(
+            connection, self._pg_batch_context, (ordered, list(snapshot_ids), wanted_projects)
         )
         heads = {}
         existing = set()
@@ -430,7 +430,7 @@ class SqlAlchemyContextRepository:
                     None if state is None else state.compaction_risk_alert_id,
                 )
             )
-        await connection.exec_driver_sql(self._pg_write_small, (*_as_columns(rows), received_at, received_at))
+        await run_driver_sql(connection, self._pg_write_small, (*_as_columns(rows), received_at, received_at))
 
     async def insert_snapshots(
         self, connection: AsyncConnection, snapshots: Sequence[StoredSnapshot], received_at: datetime
@@ -441,7 +441,7 @@ class SqlAlchemyContextRepository:
         rows = [(*_reading_values(s.snapshot, s.level), s.superseded, received_at) for s in snapshots]
         if self._postgres:
             if len(rows) < COPY_MIN_ROWS:
-                await connection.exec_driver_sql(self._pg_insert_unnest, _as_columns(rows))
+                await run_driver_sql(connection, self._pg_insert_unnest, _as_columns(rows))
             else:
                 await _copy_rows(connection, "thread_context_snapshots", _SNAPSHOT_COLUMNS, rows)
             return
@@ -465,11 +465,11 @@ class SqlAlchemyContextRepository:
         ]
         if self._postgres:
             if len(rows) < COPY_MIN_ROWS:
-                await connection.exec_driver_sql(self._pg_upsert_unnest, _as_columns(rows))
+                await run_driver_sql(connection, self._pg_upsert_unnest, _as_columns(rows))
             else:
-                await connection.exec_driver_sql(self._pg_create_staging)
+                await run_driver_sql(connection, self._pg_create_staging)
                 await _copy_rows(connection, _STAGING_TABLE, _STATE_COLUMNS, rows)
-                await connection.exec_driver_sql(self._pg_merge_staging)
+                await run_driver_sql(connection, self._pg_merge_staging)
             return
         names = [name for name, _type in _STATE_COLUMNS]
         await connection.execute(self._upsert_state, [dict(zip(names, row, strict=True)) for row in rows])
@@ -482,7 +482,8 @@ class SqlAlchemyContextRepository:
         rows = [_alert_row(alert) for alert in alerts]
         if self._postgres:
             values = [tuple(row[name] for name, _type in _ALERT_COLUMNS) for row in rows]
-            await connection.exec_driver_sql(
+            await run_driver_sql(
+                connection,
                 f"INSERT INTO thread_context_alerts ({_ALERT_NAMES}) " + _unnest_select(_ALERT_COLUMNS),
                 _as_columns(values),
             )

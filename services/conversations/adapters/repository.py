@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import orjson
 from sqlalchemy import ARRAY, String, and_, any_, bindparam, false, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -19,7 +20,7 @@ from services.conversations.domain.model import (
     ThreadBudget,
     ThreadView,
 )
-from services.shared.sql_types import column_list, fetch_driver_row_pairs, fetch_driver_rows
+from services.shared.sql_types import column_list, fetch_driver_row_pairs, fetch_driver_rows, run_driver_sql
 
 # A row as a mapping of column name to value (SQLAlchemy's RowMapping, or a dict on hot reads).
 Row = Mapping[Any, Any]
@@ -193,7 +194,7 @@ class SqlAlchemyConversationsRepository:
         not matter), one round trip whatever the number of rows and tables; elsewhere one
         executemany per group."""
         postgres = self.connection.dialect.name == "postgresql"
-        updates: list[tuple[str, str]] = []
+        updates: list[tuple[str, dict[str, Any]]] = []
         for table, key, changes in work:
             groups: dict[tuple[str, ...], list[tuple[str, dict[str, Any]]]] = {}
             for row_id, values in changes:
@@ -210,21 +211,20 @@ class SqlAlchemyConversationsRepository:
                     .where(key == bindparam("k_id"))
                     .values({column: bindparam(f"v_{column}") for column in columns})
                 )
-                parameters = [
+                each = [
                     {"k_id": row_id, **{f"v_{column}": value for column, value in values.items()}}
                     for row_id, values in rows
                 ]
-                await self.connection.execute(
-                    statement, parameters[0] if len(parameters) == 1 else parameters
-                )
+                await self.connection.execute(statement, each[0] if len(each) == 1 else each)
         if not updates:
             return
-        *first, (last, _payload) = updates
+        *first, (last, _parameters) = updates
         prefix = ", ".join(f"update_{index} AS ({sql})" for index, (sql, _) in enumerate(first))
         combined = f"WITH {prefix} {last}" if first else last
-        await self.connection.exec_driver_sql(
-            combined, {f"rows_{index}": payload for index, (_sql, payload) in enumerate(updates)}
-        )
+        parameters: dict[str, Any] = {}
+        for _sql, group_parameters in updates:
+            parameters.update(group_parameters)
+        await run_driver_sql(self.connection, combined, parameters)
 
     def _update_from_json_sql(
         self,
@@ -233,26 +233,31 @@ class SqlAlchemyConversationsRepository:
         columns: tuple[str, ...],
         rows: list[tuple[str, dict[str, Any]]],
         name: str,
-    ) -> tuple[str, str]:
+    ) -> tuple[str, dict[str, Any]]:
         """An UPDATE ... FROM json_populate_recordset for many rows (PostgreSQL; driver SQL taking the
-        parameter `name`) and its JSON payload. An executemany costs a statement per row on both
-        sides (~100 us of client CPU each, and the server plans and runs every one); this sends the
-        rows as one JSON array, typed by the table's own row type. Datetimes travel as ISO 8601
-        text with their offset."""
+        parameters `name` and `name_keys`) and those parameters. An executemany costs a statement
+        per row on both sides (~100 us of client CPU each, and the server plans and runs every one);
+        this sends the rows as one JSON array, typed by the table's own row type. Datetimes travel
+        as ISO 8601 text with their offset.
+
+        The keys also travel as an array matched with `= ANY`: the planner cannot see how many rows
+        the JSON holds (it assumes 100) and, without that condition, joins them to a sequential
+        scan of the whole table, a cost that grows with the table; with it, it looks the rows up by
+        the key's index."""
         quote = self.connection.dialect.identifier_preparer.quote
         key_name, table_name = quote(key.name), quote(table.name)
         assignments = ", ".join(f"{quote(column)} = source.{quote(column)}" for column in columns)
         statement = (
             f"UPDATE {table_name} AS target SET {assignments} "
             f"FROM json_populate_recordset(NULL::{table_name}, %({name})s::json) AS source "
-            f"WHERE target.{key_name} = source.{key_name}"
+            f"WHERE target.{key_name} = ANY(%({name}_keys)s::text[]) "
+            f"AND target.{key_name} = source.{key_name}"
         )
-        payload = json.dumps(
-            [{key.name: row_id, **values} for row_id, values in rows],
-            default=_json_value,
-            separators=(",", ":"),
-        )
-        return statement, payload
+        key_column = str(key.name)  # orjson takes exact str keys only; SQLAlchemy names subclass it
+        payload = orjson.dumps(
+            [{key_column: row_id, **values} for row_id, values in rows], default=_json_value
+        ).decode()
+        return statement, {name: payload, f"{name}_keys": [row_id for row_id, _values in rows]}
 
     async def project(self, project_id: str) -> Row | None:
         """One project row, or None."""

@@ -33,7 +33,13 @@ from services.scheduler.domain.handoff import (
     TestRun,
 )
 from services.scheduler.domain.model import PackageStatus, ThreadState, parse_level
-from services.shared.sql_types import UtcDateTime, column_list, driver_connection, fetch_driver_rows
+from services.shared.sql_types import (
+    UtcDateTime,
+    column_list,
+    driver_connection,
+    fetch_driver_rows,
+    run_driver_sql,
+)
 from services.shared.time import isoformat_utc
 
 
@@ -515,11 +521,12 @@ class SqlAlchemySchedulerRepository:
             stamp = _as_utc(now)
             states = [utc_state(state) for state in states]
             encoded = orjson.dumps([_state_values(state, stamp) for state in states])
-            result = await connection.exec_driver_sql(
+            written_versions = await run_driver_sql(
+                connection,
                 f"WITH written AS ({_UPSERT_THREADS} RETURNING xmin) SELECT DISTINCT xmin::text FROM written",
                 {"rows": encoded.decode()},
             )
-            versions = [version for (version,) in result.all()]
+            versions = [version for (version,) in written_versions]
             written = self._written
             if len(written) + len(states) > MAX_WRITTEN_STATES:
                 written.clear()
@@ -616,7 +623,8 @@ class SqlAlchemySchedulerRepository:
         if not relays:
             return
         if self._dialect == "postgresql":
-            await connection.exec_driver_sql(
+            await run_driver_sql(
+                connection,
                 f"UPDATE {thread_handoff_packages.name} AS package SET to_thread_id = item.to_thread_id "
                 "FROM unnest(%(ids)s::text[], %(relays)s::text[]) AS item(handoff_package_id, to_thread_id) "
                 "WHERE package.handoff_package_id = item.handoff_package_id AND package.to_thread_id = ''",
@@ -648,8 +656,8 @@ class SqlAlchemySchedulerRepository:
         times = [name for name in columns if isinstance(table.c[name].type, UtcDateTime)]
         if times:
             rows = [{**row, **{name: _iso(row[name]) for name in times}} for row in rows]
-        await connection.exec_driver_sql(
-            _json_insert(table, columns, keys), {"rows": orjson.dumps(rows).decode()}
+        await run_driver_sql(
+            connection, _json_insert(table, columns, keys), {"rows": orjson.dumps(rows).decode()}
         )
 
     async def expirable_packages(self, connection: AsyncConnection, now: datetime) -> list[HandoffPackage]:
