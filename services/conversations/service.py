@@ -689,9 +689,15 @@ class ConversationsHandlers:
         return self._detail_of(project, await repository.member_threads(project["project_id"]))
 
     @staticmethod
-    def _detail_of(project: Row, member_rows: Sequence[Mapping[Any, Any]]) -> ProjectDetailView:
-        """The project's detail from its member thread rows (archived ones are left out)."""
-        members = [view_of(row) for row in member_rows if row["archived_at"] is None]
+    def _detail_of(
+        project: Row, member_rows: Sequence[Mapping[Any, Any]], views: Mapping[str, ThreadView] | None = None
+    ) -> ProjectDetailView:
+        """The project's detail from its member thread rows (archived ones are left out). `views`:
+        views already made of some of these rows, by thread id (reused, not made again)."""
+        known = views or {}
+        members = [
+            known.get(row["thread_id"]) or view_of(row) for row in member_rows if row["archived_at"] is None
+        ]
         return ProjectDetailView(
             project=project,
             threads=risk_order(members),
@@ -820,8 +826,9 @@ class ConversationsHandlers:
         details: dict[str, ProjectDetailView] = {}
         rings: list[tuple[str, dict[str, Any]]] = []
         events: list[NewEvent] = []
+        views: dict[str, ThreadView] = {}  # the changed threads' rows are their members' rows too
         for thread_id, thread in changed.items():
-            view = view_of(thread)
+            view = views[thread_id] = view_of(thread)
             for project in showing.get(thread_id, []):
                 indicator = indicator_for(project["conversation_type"], thread_id, view.budget)
                 rings.append((project["project_id"], indicator_columns(indicator)))
@@ -832,7 +839,7 @@ class ConversationsHandlers:
                 if member_of is None or member_of["archived_at"] is not None:
                     continue
                 if project_id not in details:
-                    details[project_id] = self._detail_of(member_of, members[project_id])
+                    details[project_id] = self._detail_of(member_of, members[project_id], views)
                 events.append(_project_risk_event(member_of, details[project_id], view, thread["node_id"]))
         await repository.update_threads_and_projects(thread_updates, rings)
         return events

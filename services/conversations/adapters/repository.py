@@ -142,7 +142,7 @@ class SqlAlchemyConversationsRepository:
             rows = await fetch_driver_rows(
                 self.connection,
                 threads,
-                f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = ANY(%(ids)s::text[])",
+                f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = ANY(%(ids)b::text[])",
                 {"ids": ids},
             )
             return {row["thread_id"]: row for row in rows}
@@ -250,7 +250,7 @@ class SqlAlchemyConversationsRepository:
         statement = (
             f"UPDATE {table_name} AS target SET {assignments} "
             f"FROM json_populate_recordset(NULL::{table_name}, %({name})s::json) AS source "
-            f"WHERE target.{key_name} = ANY(%({name}_keys)s::text[]) "
+            f"WHERE target.{key_name} = ANY(%({name}_keys)b::text[]) "
             f"AND target.{key_name} = source.{key_name}"
         )
         key_column = str(key.name)  # orjson takes exact str keys only; SQLAlchemy names subclass it
@@ -333,9 +333,9 @@ class SqlAlchemyConversationsRepository:
             projects,
             threads,
             "WITH of_threads AS (SELECT DISTINCT project_id FROM project_threads "
-            "WHERE thread_id = ANY(%(ids)s::text[])), "
+            "WHERE thread_id = ANY(%(ids)b::text[])), "
             "wanted AS (SELECT project_id FROM of_threads UNION "
-            "SELECT project_id FROM projects WHERE indicator_thread_id = ANY(%(ids)s::text[])) "
+            "SELECT project_id FROM projects WHERE indicator_thread_id = ANY(%(ids)b::text[])) "
             f"SELECT {_PROJECT_COLUMNS_OF_P}, {_THREAD_COLUMNS_OF_T} FROM wanted "
             "JOIN projects AS p ON p.project_id = wanted.project_id "
             "LEFT JOIN of_threads ON of_threads.project_id = p.project_id "
@@ -366,7 +366,7 @@ class SqlAlchemyConversationsRepository:
                 threads,
                 f"SELECT member.project_id, {_THREAD_COLUMNS_OF_T} FROM project_threads AS member "
                 "JOIN threads AS t ON t.thread_id = member.thread_id WHERE member.project_id IN "
-                "(SELECT project_id FROM project_threads WHERE thread_id = ANY(%(ids)s::text[])) "
+                "(SELECT project_id FROM project_threads WHERE thread_id = ANY(%(ids)b::text[])) "
                 "ORDER BY member.project_id, t.thread_id",
                 {"ids": ids},
                 "member_project_id",
@@ -393,7 +393,7 @@ class SqlAlchemyConversationsRepository:
                 *await fetch_driver_rows(
                     self.connection,
                     projects,
-                    f"SELECT {_PROJECT_COLUMNS} FROM projects WHERE project_id = ANY(%(ids)s::text[]) "
+                    f"SELECT {_PROJECT_COLUMNS} FROM projects WHERE project_id = ANY(%(ids)b::text[]) "
                     "OR indicator_thread_id = ANY(%(shown)s::text[]) ORDER BY project_id",
                     {"ids": ids, "shown": shown},
                 )
