@@ -762,12 +762,15 @@ class ConversationsHandlers:
         updates: list[tuple[str, dict[str, Any]]] = []
         written: dict[str, dict[str, Any]] = {}
         changed: dict[str, dict[str, Any]] = {}
+        new_level: set[str] = set()
         for thread_id, (event, budget) in latest.items():
             thread = dict(known[thread_id])
             columns: dict[str, Any] = {}
             if not thread["worker_id"] and event.payload.get("worker_id"):
                 columns.update(_reporter_columns(thread, event.payload))
             if budget.is_newer_than(budget_of(thread)):
+                if thread["level"] != budget.level:
+                    new_level.add(thread_id)
                 columns.update(budget_columns(budget))
                 if thread["archived_at"] is None:
                     changed[thread_id] = thread
@@ -777,8 +780,14 @@ class ConversationsHandlers:
                 written[thread_id] = thread
         # The memberships were read before the update: the rows written here replace theirs.
         current = [(project_id, written.get(row["thread_id"], row)) for project_id, row in memberships]
+        project_rows, summaries_set_aside = _set_aside_stale_summaries(memberships, project_rows, new_level)
         return await self._publish_thread_changes(
-            repository, changed, current, project_rows=project_rows, thread_updates=updates
+            repository,
+            changed,
+            current,
+            project_rows=project_rows,
+            thread_updates=updates,
+            project_updates=summaries_set_aside,
         )
 
     async def _publish_thread_change(
@@ -796,6 +805,7 @@ class ConversationsHandlers:
         memberships: Sequence[tuple[str, Mapping[Any, Any]]] | None = None,
         project_rows: Sequence[Row] | None = None,
         thread_updates: Sequence[tuple[str, dict[str, Any]]] = (),
+        project_updates: Mapping[str, dict[str, Any]] | None = None,
     ) -> list[NewEvent]:
         """Refreshes the rings showing the `changed` threads (their current rows, as just written)
         and emits, per thread in order, its indicator events (projects by id) and its projects'
@@ -804,7 +814,7 @@ class ConversationsHandlers:
         `members_of_projects_of_threads` returns them, with current rows), those projects and the
         projects showing them (unless the caller passes them as `project_rows`, a superset is
         fine), and one update of the rings, which also writes the caller's `thread_updates` (as
-        `update_threads` would)."""
+        `update_threads` would) and `project_updates` (columns by project id)."""
         if not changed:
             await repository.update_threads(thread_updates)
             return []
@@ -841,7 +851,13 @@ class ConversationsHandlers:
                 if project_id not in details:
                     details[project_id] = self._detail_of(member_of, members[project_id], views)
                 events.append(_project_risk_event(member_of, details[project_id], view, thread["node_id"]))
-        await repository.update_threads_and_projects(thread_updates, rings)
+        # One entry per project: a row updated twice in one statement keeps only one of the changes.
+        project_changes = {
+            project_id: dict(columns) for project_id, columns in (project_updates or {}).items()
+        }
+        for project_id, columns in rings:
+            project_changes.setdefault(project_id, {}).update(columns)
+        await repository.update_threads_and_projects(thread_updates, list(project_changes.items()))
         return events
 
     async def apply_scheduler_events(
@@ -1007,6 +1023,26 @@ class ConversationsHandlers:
         if thread["archived_at"] is None and not _closed_ahead_of_its_reading(event, thread):
             published += await self._publish_thread_change(repository, thread_id)
         return published
+
+
+def _set_aside_stale_summaries(
+    memberships: Sequence[tuple[str, Mapping[Any, Any]]], project_rows: Sequence[Row], new_level: set[str]
+) -> tuple[list[Row], dict[str, dict[str, Any]]]:
+    """The scheduler's strategy summary describes the readings it had seen. A reading that moves a
+    thread to another level arrives here before the scheduler's summary of it, so the projects of
+    `new_level` threads drop the stored summary: their risk events and detail state the projection's
+    own summary of the current readings (`strategy_summary`) until the scheduler publishes its next
+    one. Returns the project rows as they are to be read (copies without the summary where it was
+    dropped) and the column changes to store, by project id."""
+    stale = {project_id for project_id, row in memberships if row["thread_id"] in new_level}
+    rows: list[Row] = []
+    changes: dict[str, dict[str, Any]] = {}
+    for project in project_rows:
+        if project["project_id"] in stale and project["strategy_summary"]:
+            project = {**project, "strategy_summary": ""}
+            changes[project["project_id"]] = {"strategy_summary": ""}
+        rows.append(project)
+    return rows, changes
 
 
 def _closed_ahead_of_its_reading(event: StoredEvent, thread: Mapping[Any, Any]) -> bool:

@@ -439,6 +439,44 @@ async def test_scheduler_strategy_summary_reaches_the_project_detail_and_the_str
     assert risk[-1]["thread_context"]["thread_id"] == "th-1" and risk[-1]["project_id"] == project_id
 
 
+async def test_a_reading_at_a_new_level_does_not_carry_the_schedulers_older_summary(stack: Stack) -> None:
+    project_id = (await register(stack, "th-1")).project_id
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 31.5, "urgent"))
+    await stack.settle()
+    summary = "1 thread: 1 urgent. th-1 finishes its current subtask; relay thread pre-created."
+    await stack.scheduler.publish(
+        "project.context_strategy.updated",
+        {"project_id": project_id, "master_context_strategy_summary": summary},
+    )
+    await stack.settle()
+
+    async def latest_summaries() -> tuple[str, str]:
+        risk = [p for t, p in await events_of(stack) if t == "project.context_risk.updated"]
+        detail = (
+            await stack.stub.GetProject(pb.GetProjectRequest(project_id=project_id), metadata=stack.client())
+        ).project
+        return risk[-1]["master_context_strategy_summary"], detail.master_context_strategy_summary
+
+    same_level = budget_payload("th-1", 30.0, "urgent", version=2)
+    await stack.budget.publish("thread.context.updated", same_level)
+    await stack.settle()
+    assert await latest_summaries() == (summary, summary), "a reading at the same level keeps it"
+
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 12.0, "critical", version=3))
+    await stack.settle()
+    on_stream, on_detail = await latest_summaries()
+    assert on_stream == on_detail
+    assert on_stream.startswith("Critical: th-1 (12%)"), on_stream
+
+    newer = "1 thread: 1 critical. th-1 wraps up now."
+    await stack.scheduler.publish(
+        "project.context_strategy.updated",
+        {"project_id": project_id, "master_context_strategy_summary": newer},
+    )
+    await stack.settle()
+    assert await latest_summaries() == (newer, newer)
+
+
 async def test_handoff_for_a_thread_not_seen_yet_is_kept_until_its_budget_arrives(stack: Stack) -> None:
     await stack.scheduler.publish(
         "thread.handoff.required",
