@@ -36,9 +36,8 @@ from sqlalchemy import Table, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.shared.db import Database
-from services.shared.outbox import EventLog, NewEvent, StoredEvent
+from services.shared.outbox import CursorMove, EventLog, NewEvent, StoredEvent
 from services.shared.reconnection import Reconnection
-from services.shared.sql_types import run_driver_sql
 from services.shared.time import from_timestamp, to_timestamp, utc_now
 
 log = logging.getLogger(__name__)
@@ -160,15 +159,31 @@ class EventConsumer:
 
     async def apply(self, batch: list[StoredEvent]) -> None:
         """Applies a batch and advances the cursor in one transaction; events at or below the cursor
-        are dropped (a replay after reconnect)."""
+        are dropped (a replay after reconnect).
+
+        On PostgreSQL the cursor row is locked and moved at the end of the transaction, by the same
+        statement as the outbox append of the events the batch publishes (a round trip fewer than
+        a locking read first). When that finds the cursor already past the batch's first event
+        (another process of this service applied part of it meanwhile), the transaction is rolled
+        back and the rest of the batch applied again. SQLite serialises writers with
+        `BEGIN IMMEDIATE`: its cursor is read at the start and written at the end."""
         fresh = [event for event in batch if event.sequence > self.last_sequence]
-        if not fresh:
-            return
+        while fresh:
+            try:
+                await self._apply_fresh(fresh)
+                return
+            except _AppliedElsewhere as moved:
+                async with self.applied:
+                    self.last_sequence = max(self.last_sequence, moved.cursor)
+                fresh = [event for event in fresh if event.sequence > moved.cursor]
+
+    async def _apply_fresh(self, fresh: list[StoredEvent]) -> None:
+        """`apply` for events past the in-memory cursor. Raises _AppliedElsewhere (after rolling
+        back) when the stored cursor is past the first of them."""
         async with self._database.transaction() as connection:
             postgres = connection.dialect.name == "postgresql"
-            if postgres:
-                stored = await self._advance_cursor_postgresql(connection, fresh[-1].sequence)
-            else:
+            stored: int | None = None
+            if not postgres:
                 stored = (
                     await connection.execute(
                         select(self._cursors.c.last_sequence)
@@ -176,12 +191,21 @@ class EventConsumer:
                         .with_for_update()
                     )
                 ).scalar_one_or_none()
-            fresh = [event for event in fresh if event.sequence > int(stored or 0)]
-            if not fresh:
-                return
+                fresh = [event for event in fresh if event.sequence > int(stored or 0)]
+                if not fresh:
+                    return
             published = await self._handle(connection, fresh)
             appended: list[StoredEvent] = []
-            if published and self._event_log is not None:
+            if postgres:
+                move = CursorMove(self._cursors.name, self.stream_name, fresh[-1].sequence)
+                if published and self._event_log is not None:
+                    appended = await self._event_log.append(connection, published, cursor_move=move)
+                else:
+                    await move.run(connection)
+                stored = move.previous
+                if stored is not None and stored >= fresh[0].sequence:
+                    raise _AppliedElsewhere(stored)
+            elif published and self._event_log is not None:
                 appended = await self._event_log.append(connection, published)
             values = {"last_sequence": fresh[-1].sequence, "updated_at": utc_now()}
             if stored is None:
@@ -202,22 +226,6 @@ class EventConsumer:
         async with self.applied:
             self.last_sequence = fresh[-1].sequence
             self.applied.notify_all()
-
-    async def _advance_cursor_postgresql(self, connection: AsyncConnection, last: int) -> int | None:
-        """Locks this stream's cursor row, moves it to `last` (never back) and returns the value it
-        had, in one statement at the start of the batch's transaction (was: a locking read first and
-        an update last, a round trip more per batch). The move is undone with the rest if the
-        transaction rolls back. None when the row does not exist yet (the caller inserts it)."""
-        table = self._cursors.name
-        rows = await run_driver_sql(
-            connection,
-            f"WITH previous AS (SELECT last_sequence FROM {table} WHERE stream_name = %(name)s FOR UPDATE) "
-            f"UPDATE {table} SET last_sequence = GREATEST(previous.last_sequence, %(last)s), "
-            f"updated_at = %(now)s FROM previous WHERE {table}.stream_name = %(name)s "
-            "RETURNING previous.last_sequence",
-            {"name": self.stream_name, "last": last, "now": utc_now()},
-        )
-        return int(rows[0][0]) if rows else None
 
     async def wait_for(self, sequence: int, timeout: float = 10.0) -> None:
         """Waits until the consumer applied `sequence` (for tests and read-your-writes)."""
@@ -294,6 +302,15 @@ class EventConsumer:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
+
+
+class _AppliedElsewhere(Exception):
+    """The stored cursor (`cursor`) was past the first event of the batch being applied: another
+    process of the service applied part of it. Raised inside the transaction to roll it back."""
+
+    def __init__(self, cursor: int) -> None:
+        super().__init__(f"cursor already at {cursor}")
+        self.cursor = cursor
 
 
 # Runs (WatchEvents responses) the reader may queue ahead of the applier.

@@ -124,6 +124,42 @@ def define_outbox_tables(metadata: MetaData) -> tuple[Table, Table, Table]:
     return events, sequencer, cursors
 
 
+@dataclass
+class CursorMove:
+    """A consumer's cursor advance on PostgreSQL: locks the `stream_name` row of `table`
+    (`event_cursors`), moves it to `last` (never back) and records in `previous` the value it had
+    (None when the row does not exist yet: the caller inserts it). Made by `EventLog.append` with
+    the batch's events, or on its own by `run`; undone with the rest if the transaction rolls back."""
+
+    table: str
+    stream_name: str
+    last: int
+    previous: int | None = None
+
+    def common_table_expressions(self) -> str:
+        """`previous` and `moved` (its RETURNING `previous`), for a WITH clause."""
+        return (
+            f"previous AS (SELECT last_sequence FROM {self.table} WHERE stream_name = %(cursor_stream)s "
+            f"FOR UPDATE), moved AS (UPDATE {self.table} SET last_sequence = "
+            "GREATEST(previous.last_sequence, %(cursor_last)s), updated_at = %(cursor_now)s "
+            f"FROM previous WHERE {self.table}.stream_name = %(cursor_stream)s "
+            "RETURNING previous.last_sequence AS previous)"
+        )
+
+    def parameters(self) -> dict[str, Any]:
+        """The statement parameters of `common_table_expressions`."""
+        return {"cursor_stream": self.stream_name, "cursor_last": self.last, "cursor_now": utc_now()}
+
+    async def run(self, connection: AsyncConnection) -> None:
+        """Makes the move in a statement of its own."""
+        rows = await run_driver_sql(
+            connection,
+            f"WITH {self.common_table_expressions()} SELECT previous FROM moved",
+            self.parameters(),
+        )
+        self.previous = int(rows[0][0]) if rows else None
+
+
 @dataclass(frozen=True)
 class NewEvent:
     """An event to publish: `type` as in SPEC (e.g. "thread.context.updated"), a JSON-able payload."""
@@ -205,7 +241,13 @@ class EventLog:
         self._recent: deque[StoredEvent] = deque(maxlen=RECENT_EVENTS_LIMIT)
         self.last_sequence = 0
 
-    async def append(self, connection: AsyncConnection, events: Iterable[NewEvent]) -> list[StoredEvent]:
+    async def append(
+        self,
+        connection: AsyncConnection,
+        events: Iterable[NewEvent],
+        *,
+        cursor_move: CursorMove | None = None,
+    ) -> list[StoredEvent]:
         """Writes events in the caller's transaction with their stream sequences; returns them as
         stored (sequence, payload JSON text, trace context), for `kick()` after the commit.
 
@@ -217,18 +259,26 @@ class EventLog:
         costs a pipelined statement per row, several times the client CPU and server time of
         COPY. Raises RuntimeError when the sequencer row is missing (the service's
         migrations were not applied).
+
+        `cursor_move` (PostgreSQL): a consumer's cursor advance made by the same statement as a small
+        append (one round trip fewer per consumer batch), or by its own statement otherwise; its
+        `previous` is set to the value the cursor had (None when its row does not exist yet).
         """
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         trace_json = json.dumps(carrier)
         pending = list(events)
         if not pending:
+            if cursor_move is not None:
+                await cursor_move.run(connection)
             return []
         payloads = [orjson.dumps(e.payload, default=str, option=_PAYLOAD_OPTIONS).decode() for e in pending]
         postgres = connection.dialect.name == "postgresql"
         if postgres and len(pending) < COPY_THRESHOLD:
-            base = await self._append_unnest(connection, pending, payloads, trace_json)
+            base = await self._append_unnest(connection, pending, payloads, trace_json, cursor_move)
             return _sequenced(base, pending, payloads, carrier)
+        if cursor_move is not None:
+            await cursor_move.run(connection)
         last: int | None
         if postgres:
             advanced = await run_driver_sql(
@@ -261,15 +311,26 @@ class EventLog:
         return _sequenced(int(last), pending, payloads, carrier)
 
     async def _append_unnest(
-        self, connection: AsyncConnection, pending: list[NewEvent], payloads: list[str], trace_json: str
+        self,
+        connection: AsyncConnection,
+        pending: list[NewEvent],
+        payloads: list[str],
+        trace_json: str,
+        cursor_move: CursorMove | None,
     ) -> int:
         """A small append on PostgreSQL in one round trip: the sequencer row's UPDATE (which takes its
         lock until commit, like SELECT ... FOR UPDATE) numbers the rows that the same statement
-        inserts from arrays. Returns the sequence before the first appended one. Raises RuntimeError
-        when the sequencer row is missing."""
+        inserts from arrays, and the same statement makes `cursor_move` when given. Returns the
+        sequence before the first appended one. Raises RuntimeError when the sequencer row is
+        missing."""
         events, sequencer = self._events.name, self._sequencer.name
+        moved, returned, parameters = "", "", {}
+        if cursor_move is not None:
+            moved = f"{cursor_move.common_table_expressions()}, "
+            returned = ", (SELECT previous FROM moved)"
+            parameters = cursor_move.parameters()
         statement = (
-            f"WITH advanced AS (UPDATE {sequencer} SET last_sequence = last_sequence + %(count)s "
+            f"WITH {moved}advanced AS (UPDATE {sequencer} SET last_sequence = last_sequence + %(count)s "
             "WHERE id = 1 RETURNING last_sequence - %(count)s AS base) "
             f"INSERT INTO {events} ({', '.join(_EVENT_COLUMNS)}) "
             "SELECT advanced.base + item.position, item.event_type, item.occurred_at, item.thread_id, "
@@ -277,7 +338,7 @@ class EventLog:
             "unnest(%(types)b::text[], %(times)b::timestamptz[], %(threads)b::text[], "
             "%(projects)b::text[], %(nodes)b::text[], %(payloads)b::text[]) WITH ORDINALITY "
             "AS item(event_type, occurred_at, thread_id, project_id, node_id, payload_json, position) "
-            "RETURNING sequence"
+            f"RETURNING sequence{returned}"
         )
         rows = await run_driver_sql(
             connection,
@@ -291,9 +352,12 @@ class EventLog:
                 "projects": [e.project_id for e in pending],
                 "nodes": [e.node_id for e in pending],
                 "payloads": payloads,
+                **parameters,
             },
         )
         sequences = [row[0] for row in rows]
+        if cursor_move is not None and rows:
+            cursor_move.previous = None if rows[0][1] is None else int(rows[0][1])
         if len(sequences) != len(pending):
             raise RuntimeError("outbox_sequencer has no row: apply the service's migrations")
         return int(min(sequences)) - 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 from boss.common.v1 import events_pb2
 from sqlalchemy import MetaData
@@ -140,3 +141,32 @@ async def test_upcoming_shows_what_the_next_batch_starts_with(database_target: D
         assert len(ahead) <= 200
         assert following[: len(ahead)] == ahead, "upcoming events are the next batch's first ones"
     assert seen_ahead[-1] == [], "nothing waits behind the last batch"
+
+
+async def test_a_batch_partly_applied_by_another_process_is_applied_from_where_that_stopped(
+    database_target: DatabaseTarget,
+) -> None:
+    """Two consumers of one stream on one database (as two processes of a service would be): the
+    second, whose in-memory cursor is behind, applies only what the first has not, and the stored
+    cursor ends at the last event. On PostgreSQL the overlap is found when the cursor moves at the
+    end of the transaction, which is then rolled back and retried; on SQLite at its start."""
+    applied_by_first: list[list[int]] = []
+    applied_by_second: list[list[int]] = []
+    database, first = await make_consumer(database_target, Upstream(), applied_by_first)
+    second_database, second = await make_consumer(database_target, Upstream(), applied_by_second)
+    events = [
+        StoredEvent(n, "test.happened", datetime.now(UTC), "", "", "", {"n": n}, {}) for n in range(1, 6)
+    ]
+    try:
+        await first.apply(events[:3])
+        await second.apply(events)
+        assert await first.load_cursor() == 5
+    finally:
+        await database.dispose()
+        await second_database.dispose()
+    assert applied_by_first == [[1, 2, 3]]
+    if database_target.backend == "postgresql":  # the first attempt was rolled back
+        assert applied_by_second == [[1, 2, 3, 4, 5], [4, 5]]
+    else:
+        assert applied_by_second == [[4, 5]]
+    assert second.last_sequence == 5
