@@ -8,9 +8,10 @@ existing snapshot ids are read with one `= ANY(%b)` array parameter each; histor
 with binary COPY; current rows are COPYed into a session-local temporary staging table and merged
 with one `INSERT ... SELECT ... ON CONFLICT DO UPDATE`. (Measured on the 2-core target with 2,000-row
 batches: COPY costs about a third of the server time of `unnest` arrays and a sixth of the client CPU
-of executemany.) Batches under COPY_MIN_ROWS rows use one `INSERT ... SELECT FROM unnest(%b, ...)`
-per table instead, as round trips dominate there. On SQLite, the embedded default, they are plain
-Core statements with executemany.
+of executemany.) Batches under COPY_MIN_ROWS rows write history and current rows with one
+statement instead, as round trips dominate there: its rows travel as one JSON array
+(`json_to_recordset`), which costs less client CPU than psycopg's adaptation of an array per
+column. On SQLite, the embedded default, they are plain Core statements with executemany.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import RowMapping
@@ -153,6 +155,17 @@ def _reading_values(snapshot: Snapshot, level: ContextBudgetLevel) -> tuple[Any,
         snapshot.codex_folder,
     )
 
+
+# A reading as the small-batch write receives it: flagged when it is its thread's new current row,
+# with that row's alert ids.
+_FLAGGED_READING_COLUMNS: tuple[tuple[str, str], ...] = (
+    *_READING_COLUMNS,
+    ("superseded", "bool"),
+    ("is_current", "bool"),
+    ("level_alert_id", "text"),
+    ("compaction_risk_alert_id", "text"),
+)
+_FLAGGED_READING_NAMES = tuple(name for name, _type in _FLAGGED_READING_COLUMNS)
 
 _STAGING_TABLE = "thread_contexts_incoming"
 # Below this many rows a batch is written with `INSERT ... SELECT FROM unnest(%b, ...)` (one
@@ -326,20 +339,14 @@ class SqlAlchemyContextRepository:
         self._pg_upsert_unnest = (
             f"INSERT INTO thread_contexts ({names}) " + _unnest_select(_STATE_COLUMNS) + on_conflict
         )
-        # Small batches write history and current rows with one statement over one set of arrays:
-        # every history row, flagged when it is also its thread's new current row.
+        # Small batches write history and current rows with one statement over one JSON array of
+        # rows (one parameter: psycopg's adaptation of an array per column cost more client CPU than
+        # the statement's other work): every history row, flagged when it is also its thread's new
+        # current row.
         reading = ", ".join(name for name, _type in _READING_COLUMNS)
-        flagged = (
-            *_READING_COLUMNS,
-            ("superseded", "bool"),
-            ("is_current", "bool"),
-            ("level_alert_id", "text"),
-            ("compaction_risk_alert_id", "text"),
-        )
-        arrays = ", ".join(f"%b::{pg_type}[]" for _name, pg_type in flagged)
-        aliases = ", ".join(name for name, _type in flagged)
+        definitions = ", ".join(f"{name} {pg_type}" for name, pg_type in _FLAGGED_READING_COLUMNS)
         self._pg_write_small = (
-            f"WITH incoming AS (SELECT * FROM unnest({arrays}) AS t({aliases})), "
+            f"WITH incoming AS (SELECT * FROM json_to_recordset(%s::json) AS t({definitions})), "
             f"history AS (INSERT INTO thread_context_snapshots ({reading}, superseded, received_at) "
             f"SELECT {reading}, superseded, %b::timestamptz FROM incoming) "
             f"INSERT INTO thread_contexts ({names}) SELECT {reading}, level_alert_id, "
@@ -421,19 +428,20 @@ class SqlAlchemyContextRepository:
             await self.upsert_states(connection, states)
             return
         current = {id(state.snapshot): state for state in states}
+        names = _FLAGGED_READING_NAMES
         rows = []
         for stored in snapshots:
             state = current.get(id(stored.snapshot))
-            rows.append(
-                (
-                    *_reading_values(stored.snapshot, stored.level),
-                    stored.superseded,
-                    state is not None,
-                    None if state is None else state.level_alert_id,
-                    None if state is None else state.compaction_risk_alert_id,
-                )
+            values = (
+                *_reading_values(stored.snapshot, stored.level),
+                stored.superseded,
+                state is not None,
+                None if state is None else state.level_alert_id,
+                None if state is None else state.compaction_risk_alert_id,
             )
-        await run_driver_sql(connection, self._pg_write_small, (*_as_columns(rows), received_at, received_at))
+            rows.append(dict(zip(names, values, strict=True)))
+        encoded = orjson.dumps(rows, option=orjson.OPT_NAIVE_UTC).decode()
+        await run_driver_sql(connection, self._pg_write_small, (encoded, received_at, received_at))
 
     async def insert_snapshots(
         self, connection: AsyncConnection, snapshots: Sequence[StoredSnapshot], received_at: datetime
