@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+from psycopg.pq import ExecStatus
 from sqlalchemy import DateTime, Table
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
@@ -122,7 +123,9 @@ async def run_driver_sql(
     try:
         cursor = driver.cursor()
         await cursor.execute(sql, parameters)
-        return await cursor.fetchall() if cursor.description is not None else []
+        # The result's status, not `cursor.description`: that builds a Column object per column.
+        result = cursor.pgresult
+        return await cursor.fetchall() if result is not None and result.status == ExecStatus.TUPLES_OK else []
     except psycopg.Error as error:
         raise DBAPIError.instance(sql, parameters, error, psycopg.Error) from error
 

@@ -22,6 +22,23 @@ def test_from_timestamp_is_the_instant_the_protobuf_library_gives(seconds: int, 
     assert converted.microsecond == nanos // 1000
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        datetime(1970, 1, 1, tzinfo=UTC),
+        datetime(2026, 11, 30, 11, 44, 5, 123_456, tzinfo=UTC),
+        datetime(2026, 3, 25, 9, 56, 0, 250_000, tzinfo=timezone(timedelta(hours=2))),
+        datetime(1969, 12, 31, 23, 59, 59, 500_000, tzinfo=UTC),
+    ],
+)
+def test_to_timestamp_gives_the_fields_the_protobuf_library_gives(value: datetime) -> None:
+    expected = Timestamp()
+    expected.FromDatetime(value.astimezone(UTC))
+    converted = to_timestamp(value)
+    assert converted is not None
+    assert (converted.seconds, converted.nanos) == (expected.seconds, expected.nanos)
+
+
 def test_round_trip_keeps_the_instant_in_utc() -> None:
     local = datetime(2026, 3, 25, 9, 56, 0, 250_000, tzinfo=timezone(timedelta(hours=2)))
     back = from_timestamp(to_timestamp(local))
