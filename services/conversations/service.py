@@ -768,7 +768,9 @@ class ConversationsHandlers:
             columns: dict[str, Any] = {}
             if not thread["worker_id"] and event.payload.get("worker_id"):
                 columns.update(_reporter_columns(thread, event.payload))
-            if budget.is_newer_than(budget_of(thread)):
+            if budget.is_newer_than_stored(
+                thread["captured_at"], thread["snapshot_version"], thread["remaining_pct"]
+            ):
                 if thread["level"] != budget.level:
                     new_level.add(thread_id)
                 columns.update(budget_columns(budget))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 
 MASTER_AGENT = "master_agent"
@@ -109,6 +109,15 @@ class ThreadBudget:
             return True
         return (self.captured_at, self.snapshot_version) > (other.captured_at, other.snapshot_version)
 
+    def is_newer_than_stored(
+        self, captured_at: datetime | None, snapshot_version: int | None, remaining_pct: float | None
+    ) -> bool:
+        """`is_newer_than` the reading stored with these values (a thread row's columns; captured_at
+        or remaining_pct None: none stored yet), without making a ThreadBudget of it."""
+        if captured_at is None or remaining_pct is None:
+            return True
+        return (self.captured_at, self.snapshot_version) > (captured_at, int(snapshot_version or 0))
+
 
 @dataclass(frozen=True)
 class Indicator:
@@ -132,7 +141,19 @@ class Indicator:
         """Whether the two rings show the same thing: visibility, whole percent, level, thread,
         source node and must-finish flag. Only the time of the reading may differ: a new reading
         of 61.8 % after one of 61.6 % leaves a ring that shows 61 % unchanged."""
-        return replace(self, updated_at=None) == replace(other, updated_at=None)
+        return self._shown() == other._shown()
+
+    def _shown(self) -> tuple[object, ...]:
+        """Every field but `updated_at`."""
+        return (
+            self.visible,
+            self.percent,
+            self.level,
+            self.style,
+            self.thread_id,
+            self.source_node_id,
+            self.must_finish_before_compaction,
+        )
 
 
 HIDDEN = Indicator(visible=False)
