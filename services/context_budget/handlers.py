@@ -77,7 +77,7 @@ class ContextBudgetHandlers:
         self._repository = repository
         self._events = event_log
         self.clock = clock
-        self._horizon = compaction_risk_horizon
+        self.compaction_risk_horizon = compaction_risk_horizon
 
     # --- commands -------------------------------------------------------------------------------
 
@@ -102,7 +102,7 @@ class ContextBudgetHandlers:
                 policies=policies,
                 now=now,
                 new_alert_id=lambda: str(uuid.uuid4()),
-                horizon=self._horizon,
+                horizon=self.compaction_risk_horizon,
             )
             await repository.write_readings(connection, plan.snapshots, plan.states, now)
             await repository.insert_alerts(connection, plan.new_alerts)

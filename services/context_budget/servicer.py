@@ -254,7 +254,9 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         _require_id(request.thread_id, "thread_id")
         view = await self._handlers.get_thread_context(request.thread_id)
         return pb.GetThreadContextResponse(
-            thread_context=thread_context_message(view.state, view.open_alerts)
+            thread_context=thread_context_message(
+                view.state, view.open_alerts, self._handlers.compaction_risk_horizon
+            )
         )
 
     @translate_errors
@@ -290,7 +292,10 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
             views = views[:limit]
             next_token = self._page_tokens.encode([views[-1].state.snapshot.thread_id], filters)
         return pb.ListThreadContextsResponse(
-            thread_contexts=[thread_context_message(view.state, view.open_alerts) for view in views],
+            thread_contexts=[
+                thread_context_message(view.state, view.open_alerts, self._handlers.compaction_risk_horizon)
+                for view in views
+            ],
             next_page_token=next_token,
         )
 

@@ -6,9 +6,12 @@ kept for validation to report); outgoing values are built from validated domain 
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from boss.context_budget.v1 import context_budget_pb2 as pb
 from google.rpc import status_pb2
 
+from services.context_budget.domain.alerts import DEFAULT_COMPACTION_RISK_HORIZON
 from services.context_budget.domain.ingest import IngestOutcome
 from services.context_budget.domain.model import (
     Alert,
@@ -22,7 +25,12 @@ from services.context_budget.domain.model import (
     ThreadState,
     ThresholdPolicy,
 )
-from services.context_budget.domain.policy import master_actions_for, report_interval_seconds
+from services.context_budget.domain.policy import (
+    compaction_is_near,
+    master_actions_for,
+    master_actions_of,
+    report_interval_seconds,
+)
 
 LEVEL_NUMBERS: dict[ContextBudgetLevel, pb.ContextBudgetLevel] = {
     ContextBudgetLevel.SAFE: pb.CONTEXT_BUDGET_LEVEL_SAFE,
@@ -164,10 +172,17 @@ def alert_message(alert: Alert) -> pb.ThreadContextAlert:
     return message
 
 
-def thread_context_message(state: ThreadState, open_alerts: list[Alert]) -> pb.ThreadContext:
+def thread_context_message(
+    state: ThreadState, open_alerts: list[Alert], horizon: timedelta = DEFAULT_COMPACTION_RISK_HORIZON
+) -> pb.ThreadContext:
     """The wire form of a thread's current state; reported_context_budget_level is set only when
-    the worker's claim disagreed with the server's level."""
+    the worker's claim disagreed with the server's level. Its master actions are the ones its
+    reading's ack listed (`master_actions_of`: prepare_handoff added when the reading expects its
+    compaction within `horizon`)."""
     level, cadence, actions = _ACK_PARTS[state.level]
+    snapshot = state.snapshot
+    if compaction_is_near(snapshot.compaction_expected_at, snapshot.captured_at, horizon):
+        actions = [MASTER_ACTION_NUMBERS[action] for action in master_actions_of(state.level, True)]
     reported = state.snapshot.reported_level
     message = pb.ThreadContext(
         snapshot=snapshot_message(state.snapshot),

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.context_budget.domain.model import Alert, ContextBudgetLevel, Snapshot, ThreadState
-from services.context_budget.domain.policy import master_actions_for, report_interval_seconds
+from services.context_budget.domain.policy import master_actions_of, report_interval_seconds
 from services.shared.time import isoformat_utc
 
 THREAD_CONTEXT_UPDATED = "thread.context.updated"
@@ -93,8 +93,11 @@ def _level(level: ContextBudgetLevel | None) -> str | None:
     return None if level is None else level.value
 
 
-def updated_event(state: ThreadState, previous_level: ContextBudgetLevel | None) -> EventDraft:
-    """`thread.context.updated` for the thread's newly applied state."""
+def updated_event(
+    state: ThreadState, previous_level: ContextBudgetLevel | None, *, compaction_near: bool = False
+) -> EventDraft:
+    """`thread.context.updated` for the thread's newly applied state; `compaction_near`: its
+    compaction is expected within the risk horizon (`master_actions` then has prepare_handoff)."""
     s = state.snapshot
     payload = {
         "thread_id": s.thread_id,
@@ -123,7 +126,7 @@ def updated_event(state: ThreadState, previous_level: ContextBudgetLevel | None)
         "model_context_window": s.model_context_window,
         "auto_compact_token_limit": s.auto_compact_token_limit,
         "codex_folder": s.codex_folder,
-        "master_actions": [action.value for action in master_actions_for(state.level)],
+        "master_actions": [action.value for action in master_actions_of(state.level, compaction_near)],
         "next_required_report_in_seconds": report_interval_seconds(state.level),
     }
     return EventDraft(THREAD_CONTEXT_UPDATED, payload, s.thread_id, s.project_id, s.node_id)

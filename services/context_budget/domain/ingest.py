@@ -44,7 +44,8 @@ from services.context_budget.domain.model import (
 from services.context_budget.domain.policy import (
     DEFAULT_POLICY,
     classify,
-    master_actions_for,
+    compaction_is_near,
+    master_actions_of,
     report_interval_seconds,
 )
 
@@ -78,13 +79,9 @@ class IngestOutcome:
 
     @property
     def master_actions(self) -> tuple[MasterAction, ...]:
-        """CB-7 actions at the current level; with `prepare_handoff` added (after them) when the
-        snapshot expects its compaction within the risk horizon, as the scheduler's CB-19 rule then
-        sends prepare_handoff whatever the level (services/scheduler/domain/guarantee.py)."""
-        actions = master_actions_for(self.level)
-        if self.compaction_near and MasterAction.PREPARE_HANDOFF not in actions:
-            return (*actions, MasterAction.PREPARE_HANDOFF)
-        return actions
+        """CB-7 actions at the current level, with `prepare_handoff` when the snapshot expects its
+        compaction within the risk horizon (`master_actions_of`)."""
+        return master_actions_of(self.level, self.compaction_near)
 
     @property
     def next_required_report_in_seconds(self) -> int:
@@ -193,7 +190,8 @@ class _Planner:
 
         state = ThreadState(snapshot, level, level_alert_id, risk_alert_id, self.now)
         events = self.plan.events
-        events.append(ev.updated_event(state, previous_level))
+        near = compaction_is_near(snapshot.compaction_expected_at, snapshot.captured_at, self.horizon)
+        events.append(ev.updated_event(state, previous_level, compaction_near=near))
         if level_changed:
             events.append(ev.level_changed_event(state, previous_level))
         events.extend(follow_ups)
@@ -253,8 +251,7 @@ def plan_ingest(
         state = planner.apply(snapshot, level, previous)
         heads[thread_id] = state.head
         changed[thread_id] = state
-        expected = snapshot.compaction_expected_at
-        near = expected is not None and expected - snapshot.captured_at <= horizon
+        near = compaction_is_near(snapshot.compaction_expected_at, snapshot.captured_at, horizon)
         plan.outcomes.append(IngestOutcome(snapshot_id, thread_id, level, compaction_near=near))
     plan.states = list(changed.values())
     plan.new_alerts = list(planner.new_alerts.values())

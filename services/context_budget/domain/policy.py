@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime, timedelta
 
 from services.context_budget.domain.model import ContextBudgetLevel, MasterAction, ThresholdPolicy
 from services.shared.errors import FieldViolation, InvalidArgument
@@ -53,6 +54,25 @@ def classify(remaining_pct: float, policy: ThresholdPolicy) -> ContextBudgetLeve
 def master_actions_for(level: ContextBudgetLevel) -> tuple[MasterAction, ...]:
     """CB-7's master-agent actions at `level`, in the order they are sent."""
     return MASTER_ACTIONS[level]
+
+
+def master_actions_of(level: ContextBudgetLevel, compaction_near: bool) -> tuple[MasterAction, ...]:
+    """The actions a reading asks of the master agent: CB-7's at `level`, with `prepare_handoff`
+    added (after them) when its compaction is expected within the risk horizon
+    (`compaction_is_near`), as the scheduler's CB-19 rule then sends prepare_handoff whatever the
+    level (services/scheduler/domain/guarantee.py). The ingest ack, the `thread.context.updated`
+    event and the thread's current context all list these."""
+    actions = MASTER_ACTIONS[level]
+    if compaction_near and MasterAction.PREPARE_HANDOFF not in actions:
+        return (*actions, MasterAction.PREPARE_HANDOFF)
+    return actions
+
+
+def compaction_is_near(
+    compaction_expected_at: datetime | None, captured_at: datetime, horizon: timedelta
+) -> bool:
+    """Whether a reading expects its compaction at most `horizon` after it was captured."""
+    return compaction_expected_at is not None and compaction_expected_at - captured_at <= horizon
 
 
 def report_interval_seconds(level: ContextBudgetLevel) -> int:

@@ -86,6 +86,12 @@ async def test_a_compaction_expected_within_the_horizon_adds_prepare_handoff_at_
         [pb.MASTER_ACTION_PREPARE_HANDOFF] if asks_for_handoff else []
     )
     assert list(ack.master_actions) == expected  # what the scheduler's compaction-near rule sends
+    context = (
+        await stub.GetThreadContext(
+            pb.GetThreadContextRequest(thread_id=message.thread_id), metadata=auth(tokens.client)
+        )
+    ).thread_context
+    assert list(context.master_actions) == expected, "the thread's current context lists the ack's actions"
 
 
 async def test_every_field_is_persisted_in_history_and_current_state(

@@ -323,6 +323,10 @@ def test_the_ack_asks_for_a_handoff_when_compaction_is_near_at_any_level() -> No
         "prepare_handoff",
     ]
     assert [a.value for a in plan([far]).outcomes[0].master_actions] == ["refresh_stage_summary"]
+    for reading in (near, far):  # the thread.context.updated event lists the ack's actions too
+        planned = plan([reading])
+        updated = next(e for e in planned.events if e.type == "thread.context.updated")
+        assert updated.payload["master_actions"] == [a.value for a in planned.outcomes[0].master_actions]
     urgent = replace(near, context_budget_remaining_pct=30)
     assert [a.value for a in plan([urgent]).outcomes[0].master_actions].count("prepare_handoff") == 1
     assert [a.value for a in plan([near], horizon=timedelta(minutes=1)).outcomes[0].master_actions] == [
