@@ -11,7 +11,6 @@ from datetime import timedelta
 from boss.context_budget.v1 import context_budget_pb2 as pb
 from google.rpc import status_pb2
 
-from services.context_budget.domain.alerts import DEFAULT_COMPACTION_RISK_HORIZON
 from services.context_budget.domain.ingest import IngestOutcome
 from services.context_budget.domain.model import (
     Alert,
@@ -27,7 +26,6 @@ from services.context_budget.domain.model import (
 )
 from services.context_budget.domain.policy import (
     compaction_is_near,
-    master_actions_for,
     master_actions_of,
     report_interval_seconds,
 )
@@ -68,14 +66,15 @@ ALERT_STATUSES_BY_NUMBER: dict[int, AlertStatus] = {
     number: status for status, number in ALERT_STATUS_NUMBERS.items()
 }
 
-# Per level: (wire level, cadence, wire master actions), computed once.
-_ACK_PARTS: dict[ContextBudgetLevel, tuple[pb.ContextBudgetLevel, int, list[pb.MasterAction]]] = {
-    level: (
-        LEVEL_NUMBERS[level],
-        report_interval_seconds(level),
-        [MASTER_ACTION_NUMBERS[action] for action in master_actions_for(level)],
-    )
+# Computed once: per level, (wire level, cadence); per (level, compaction near), the wire master
+# actions (`master_actions_of`).
+_LEVEL_PARTS: dict[ContextBudgetLevel, tuple[pb.ContextBudgetLevel, int]] = {
+    level: (LEVEL_NUMBERS[level], report_interval_seconds(level)) for level in ContextBudgetLevel
+}
+_WIRE_ACTIONS: dict[tuple[ContextBudgetLevel, bool], list[pb.MasterAction]] = {
+    (level, near): [MASTER_ACTION_NUMBERS[action] for action in master_actions_of(level, near)]
     for level in ContextBudgetLevel
+    for near in (False, True)
 }
 
 
@@ -173,16 +172,14 @@ def alert_message(alert: Alert) -> pb.ThreadContextAlert:
 
 
 def thread_context_message(
-    state: ThreadState, open_alerts: list[Alert], horizon: timedelta = DEFAULT_COMPACTION_RISK_HORIZON
+    state: ThreadState, open_alerts: list[Alert], horizon: timedelta
 ) -> pb.ThreadContext:
     """The wire form of a thread's current state; reported_context_budget_level is set only when
     the worker's claim disagreed with the server's level. Its master actions are the ones its
     reading's ack listed (`master_actions_of`: prepare_handoff added when the reading expects its
     compaction within `horizon`)."""
-    level, cadence, actions = _ACK_PARTS[state.level]
-    snapshot = state.snapshot
-    if compaction_is_near(snapshot.compaction_expected_at, snapshot.captured_at, horizon):
-        actions = [MASTER_ACTION_NUMBERS[action] for action in master_actions_of(state.level, True)]
+    level, cadence = _LEVEL_PARTS[state.level]
+    actions = _WIRE_ACTIONS[state.level, compaction_is_near(state.snapshot, horizon)]
     reported = state.snapshot.reported_level
     message = pb.ThreadContext(
         snapshot=snapshot_message(state.snapshot),
@@ -226,9 +223,8 @@ def policy_of(message: pb.ThresholdPolicy) -> ThresholdPolicy:
 def ack_message(outcome: IngestOutcome) -> pb.ThreadContextAck:
     """The ack of an accepted snapshot (CB-10); its master actions are `outcome.master_actions` (the
     level's, plus prepare_handoff when the snapshot expects its compaction within the horizon)."""
-    level, cadence, actions = _ACK_PARTS[outcome.level]
-    if outcome.compaction_near:
-        actions = [MASTER_ACTION_NUMBERS[action] for action in outcome.master_actions]
+    level, cadence = _LEVEL_PARTS[outcome.level]
+    actions = _WIRE_ACTIONS[outcome.level, outcome.compaction_near]
     return pb.ThreadContextAck(
         accepted=True,
         thread_id=outcome.thread_id,

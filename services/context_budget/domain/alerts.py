@@ -22,6 +22,7 @@ from services.context_budget.domain.model import (
     ContextBudgetLevel,
     Snapshot,
 )
+from services.context_budget.domain.policy import compaction_is_near
 from services.shared.errors import FailedPrecondition
 from services.shared.time import isoformat_utc
 
@@ -58,10 +59,10 @@ def compaction_risk_reason(
     if level in _RISKY_LEVELS and snapshot.must_finish_before_compaction:
         detail = f": {snapshot.must_finish_reason}" if snapshot.must_finish_reason else ""
         reasons.append(f"level {level.value} and must finish before compaction{detail}")
-    expected = snapshot.compaction_expected_at
-    if expected is not None and expected - snapshot.captured_at <= horizon:
+    if compaction_is_near(snapshot, horizon):
         minutes = horizon.total_seconds() / 60
-        reasons.append(f"compaction expected at {isoformat_utc(expected)}, within {minutes:g} minutes")
+        expected = isoformat_utc(snapshot.compaction_expected_at)
+        reasons.append(f"compaction expected at {expected}, within {minutes:g} minutes")
     return "; ".join(reasons) if reasons else None
 
 

@@ -149,9 +149,14 @@ class _Planner:
         return ev.alert_changed_event(resolved, node_id)
 
     def apply(
-        self, snapshot: Snapshot, level: ContextBudgetLevel, previous: ThreadHead | None
+        self,
+        snapshot: Snapshot,
+        level: ContextBudgetLevel,
+        previous: ThreadHead | None,
+        compaction_near: bool,
     ) -> ThreadState:
-        """Makes `snapshot` the thread's current state; plans its alerts and events."""
+        """Makes `snapshot` the thread's current state; plans its alerts and events (`compaction_near`:
+        `compaction_is_near(snapshot, horizon)`)."""
         previous_level = previous.level if previous is not None else None
         level_alert_id = previous.level_alert_id if previous is not None else None
         risk_alert_id = previous.compaction_risk_alert_id if previous is not None else None
@@ -190,8 +195,7 @@ class _Planner:
 
         state = ThreadState(snapshot, level, level_alert_id, risk_alert_id, self.now)
         events = self.plan.events
-        near = compaction_is_near(snapshot.compaction_expected_at, snapshot.captured_at, self.horizon)
-        events.append(ev.updated_event(state, previous_level, compaction_near=near))
+        events.append(ev.updated_event(state, previous_level, compaction_near=compaction_near))
         if level_changed:
             events.append(ev.level_changed_event(state, previous_level))
         events.extend(follow_ups)
@@ -248,10 +252,10 @@ def plan_ingest(
             plan.outcomes.append(IngestOutcome(snapshot_id, thread_id, previous.level, superseded=True))
             continue
         plan.snapshots.append(StoredSnapshot(snapshot, level, superseded=False))
-        state = planner.apply(snapshot, level, previous)
+        near = compaction_is_near(snapshot, horizon)
+        state = planner.apply(snapshot, level, previous, near)
         heads[thread_id] = state.head
         changed[thread_id] = state
-        near = compaction_is_near(snapshot.compaction_expected_at, snapshot.captured_at, horizon)
         plan.outcomes.append(IngestOutcome(snapshot_id, thread_id, level, compaction_near=near))
     plan.states = list(changed.values())
     plan.new_alerts = list(planner.new_alerts.values())

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from services.context_budget.domain.model import ContextBudgetLevel, MasterAction, ThresholdPolicy
+from services.context_budget.domain.model import ContextBudgetLevel, MasterAction, Snapshot, ThresholdPolicy
 from services.shared.errors import FieldViolation, InvalidArgument
 
 # CB-7 defaults: safe >= 60 %, watch 40-59 %, urgent 25-39 %, critical < 25 %.
@@ -68,11 +68,10 @@ def master_actions_of(level: ContextBudgetLevel, compaction_near: bool) -> tuple
     return actions
 
 
-def compaction_is_near(
-    compaction_expected_at: datetime | None, captured_at: datetime, horizon: timedelta
-) -> bool:
+def compaction_is_near(snapshot: Snapshot, horizon: timedelta) -> bool:
     """Whether a reading expects its compaction at most `horizon` after it was captured."""
-    return compaction_expected_at is not None and compaction_expected_at - captured_at <= horizon
+    expected = snapshot.compaction_expected_at
+    return expected is not None and expected - snapshot.captured_at <= horizon
 
 
 def report_interval_seconds(level: ContextBudgetLevel) -> int:
