@@ -198,7 +198,7 @@ class EventConsumer:
             appended: list[StoredEvent] = []
             if postgres:
                 move = CursorMove(self._cursors.name, self.stream_name, fresh[-1].sequence)
-                if published and self._event_log is not None:
+                if self._event_log is not None:  # it moves the cursor with the append (or alone)
                     appended = await self._event_log.append(connection, published, cursor_move=move)
                 else:
                     await move.run(connection)

@@ -255,11 +255,10 @@ class EventLog:
         and captures the current trace context. On PostgreSQL a small append is one statement (the
         sequencer UPDATE numbering an INSERT from one JSON array of the events, `json_to_recordset`:
         one round trip instead of three, and one parameter, cheaper to adapt than an array per
-        column) and a large one
-        (COPY_THRESHOLD events or more) an UPDATE ... RETURNING and one binary COPY: executemany
-        costs a pipelined statement per row, several times the client CPU and server time of
-        COPY. Raises RuntimeError when the sequencer row is missing (the service's
-        migrations were not applied).
+        column) and a large one (COPY_THRESHOLD events or more) an UPDATE ... RETURNING and one
+        binary COPY: executemany costs a pipelined statement per row, several times the client CPU
+        and server time of COPY. Raises RuntimeError when the sequencer row is missing (the
+        service's migrations were not applied).
 
         `cursor_move` (PostgreSQL): a consumer's cursor advance made by the same statement as a small
         append (one round trip fewer per consumer batch), or by its own statement otherwise; its
@@ -276,7 +275,7 @@ class EventLog:
         payloads = [orjson.dumps(e.payload, default=str, option=_PAYLOAD_OPTIONS).decode() for e in pending]
         postgres = connection.dialect.name == "postgresql"
         if postgres and len(pending) < COPY_THRESHOLD:
-            base = await self._append_unnest(connection, pending, payloads, trace_json, cursor_move)
+            base = await self._append_in_one_statement(connection, pending, payloads, trace_json, cursor_move)
             return _sequenced(base, pending, payloads, carrier)
         if cursor_move is not None:
             await cursor_move.run(connection)
@@ -311,7 +310,7 @@ class EventLog:
         await connection.execute(advance.values(last_sequence=int(last) + len(rows)))
         return _sequenced(int(last), pending, payloads, carrier)
 
-    async def _append_unnest(
+    async def _append_in_one_statement(
         self,
         connection: AsyncConnection,
         pending: list[NewEvent],
