@@ -245,13 +245,7 @@ class EventConsumer:
                 raise
             except (grpc.aio.AioRpcError, ConnectionError) as error:
                 reason = error.code() if isinstance(error, grpc.aio.AioRpcError) else error
-                delay = reconnection.next_delay()
-                if reconnection.was_healthy:
-                    log.info("%s stream ended (%s); reconnecting", self.stream_name, reason)
-                else:
-                    log.warning(
-                        "%s stream unavailable (%s); retrying in %.1f s", self.stream_name, reason, delay
-                    )
+                delay = reconnection.ended(log, f"{self.stream_name} stream", reason)
             except Exception:
                 delay = reconnection.next_delay()
                 log.exception("%s consumer failed; retrying in %.1f s", self.stream_name, delay)

@@ -4,6 +4,7 @@ Used by the services' event consumers, the gateway's event hub and the worker's 
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -18,8 +19,9 @@ class Reconnection:
     open `HEALTHY_STREAM_SECONDS`: an idle stream that the server's connection recycling ended) it is
     0.2 s again. Delays are jittered by +-50 % so that many followers do not reconnect together.
 
-    Use: `attempt_started()` before connecting, `delivered()` for each response, `next_delay()` once
-    the attempt ended (it also sets `was_healthy`)."""
+    Use: `attempt_started()` before connecting, `delivered()` for each response, and once the
+    attempt ended `ended()` (logs the end and returns the delay) or `next_delay()` (the delay
+    alone; it also sets `was_healthy`)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -43,3 +45,14 @@ class Reconnection:
         self._failures = 0 if self.was_healthy else self._failures + 1
         base = min(0.2 * 2 ** max(0, self._failures - 1), 10.0)
         return base * (0.5 + random.random())
+
+    def ended(self, log: logging.Logger, stream: str, reason: object) -> float:
+        """`next_delay()`, with the end logged on `log`: at INFO after a healthy attempt (routine
+        connection recycling; reconnecting at once), at WARNING otherwise (`stream` unavailable,
+        `reason`, and the delay before the retry)."""
+        delay = self.next_delay()
+        if self.was_healthy:
+            log.info("%s ended (%s); reconnecting", stream, reason)
+        else:
+            log.warning("%s unavailable (%s); retrying in %.1f s", stream, reason, delay)
+        return delay

@@ -175,19 +175,15 @@ class HandoffWorker:
                     async for response in call:
                         reconnection.delivered()
                         await self.handle(stub, response.command)
-                delay = reconnection.next_delay()
+                delay = reconnection.ended(log, "command stream", "closed by the scheduler")
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as error:
-                delay = reconnection.next_delay()
                 if error.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    delay = reconnection.next_delay()
                     log.error("scheduler refused the command stream: %s", error.details())
-                elif reconnection.was_healthy:
-                    log.info("command stream ended (%s); reconnecting", error.code())
                 else:
-                    log.warning(
-                        "command stream interrupted (%s); reconnecting in %.1f s", error.code(), delay
-                    )
+                    delay = reconnection.ended(log, "command stream", error.code())
             await asyncio.sleep(delay)
 
     async def handle(

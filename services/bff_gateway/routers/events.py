@@ -214,18 +214,11 @@ class EventHub:
                     reconnection.delivered()
                     for envelope in response.events:
                         self.publish(hub_event(envelope))
-                delay = reconnection.next_delay()
-                log.info("conversations event stream ended; reconnecting")
+                delay = reconnection.ended(log, "conversations event stream", "closed by the server")
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as error:
-                delay = reconnection.next_delay()
-                if reconnection.was_healthy:
-                    log.info("conversations event stream ended (%s); reconnecting", error.code())
-                else:
-                    log.warning(
-                        "conversations event stream unavailable (%s); retrying in %.1f s", error.code(), delay
-                    )
+                delay = reconnection.ended(log, "conversations event stream", error.code())
             except Exception:
                 delay = reconnection.next_delay()
                 log.exception("conversations event stream failed; retrying in %.1f s", delay)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from services.shared.reconnection import HEALTHY_STREAM_SECONDS, Reconnection
@@ -49,3 +51,24 @@ def test_after_a_healthy_attempt_the_next_reconnect_is_prompt(healthy: str) -> N
     assert reconnection.was_healthy
     assert 0.1 <= delay <= 0.3
     assert 0.1 <= failed_attempts(reconnection, clock, 1)[0] <= 0.3  # and backing off starts over
+
+
+def test_ended_logs_a_healthy_end_as_information_and_a_failure_as_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    reconnection = Reconnection(clock)
+    log = logging.getLogger("test.reconnection")
+    with caplog.at_level(logging.INFO, logger="test.reconnection"):
+        reconnection.attempt_started()
+        reconnection.delivered()
+        prompt = reconnection.ended(log, "demo stream", "recycled")
+        reconnection.attempt_started()
+        clock.now += 0.01
+        reconnection.ended(log, "demo stream", "UNAVAILABLE")
+    assert 0.1 <= prompt <= 0.3
+    logged = [(record.levelno, record.getMessage()) for record in caplog.records]
+    assert len(logged) == 2
+    assert logged[0] == (logging.INFO, "demo stream ended (recycled); reconnecting")
+    assert logged[1][0] == logging.WARNING
+    assert logged[1][1].startswith("demo stream unavailable (UNAVAILABLE); retrying in ")
