@@ -42,6 +42,7 @@ from services.conversations.adapters.repository import (
     budget_of,
     indicator_columns,
     indicator_of,
+    stored_reading_order,
     view_of,
 )
 from services.conversations.domain.model import (
@@ -768,9 +769,7 @@ class ConversationsHandlers:
             columns: dict[str, Any] = {}
             if not thread["worker_id"] and event.payload.get("worker_id"):
                 columns.update(_reporter_columns(thread, event.payload))
-            if budget.is_newer_than_stored(
-                thread["captured_at"], thread["snapshot_version"], thread["remaining_pct"]
-            ):
+            if budget.comes_after(stored_reading_order(thread)):
                 if thread["level"] != budget.level:
                     new_level.add(thread_id)
                 columns.update(budget_columns(budget))
@@ -1055,12 +1054,11 @@ def _closed_ahead_of_its_reading(event: StoredEvent, thread: Mapping[Any, Any]) 
     cycle."""
     if event.type != SCHEDULER_HANDOFF_CLOSED:
         return False
-    budget = budget_of(thread)
     try:
         closed_at_count = int(event.payload.get("compaction_count") or 0)
     except (TypeError, ValueError):
         return False
-    return budget is not None and budget.compaction_count < closed_at_count
+    return stored_reading_order(thread) is not None and int(thread["compaction_count"] or 0) < closed_at_count
 
 
 def _reporter_columns(thread: Mapping[Any, Any], payload: Mapping[Any, Any]) -> dict[str, Any]:

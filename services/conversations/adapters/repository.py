@@ -35,9 +35,17 @@ def _json_value(value: Any) -> Any:
     raise TypeError(f"cannot send {type(value).__name__} as a column value")
 
 
+def stored_reading_order(row: Mapping[Any, Any]) -> tuple[datetime, int] | None:
+    """The `ThreadBudget.reading_order` of the thread's stored reading, without making the budget;
+    None before its first report."""
+    if row["remaining_pct"] is None or row["captured_at"] is None:
+        return None
+    return (row["captured_at"], int(row["snapshot_version"] or 0))
+
+
 def budget_of(row: Mapping[Any, Any]) -> ThreadBudget | None:
     """The thread's latest budget from its row; None before its first report."""
-    if row["remaining_pct"] is None or row["captured_at"] is None:
+    if stored_reading_order(row) is None:
         return None
     return ThreadBudget(
         remaining_pct=float(row["remaining_pct"]),

@@ -105,18 +105,16 @@ class ThreadBudget:
     def is_newer_than(self, other: ThreadBudget | None) -> bool:
         """True when this reading should replace `other`: later capture, or the same capture with a
         higher snapshot_version. Equal readings are not newer (a replayed event changes nothing)."""
-        if other is None:
-            return True
-        return (self.captured_at, self.snapshot_version) > (other.captured_at, other.snapshot_version)
+        return self.comes_after(None if other is None else other.reading_order)
 
-    def is_newer_than_stored(
-        self, captured_at: datetime | None, snapshot_version: int | None, remaining_pct: float | None
-    ) -> bool:
-        """`is_newer_than` the reading stored with these values (a thread row's columns; captured_at
-        or remaining_pct None: none stored yet), without making a ThreadBudget of it."""
-        if captured_at is None or remaining_pct is None:
-            return True
-        return (self.captured_at, self.snapshot_version) > (captured_at, int(snapshot_version or 0))
+    @property
+    def reading_order(self) -> tuple[datetime, int]:
+        """What orders readings of a thread: capture time, then snapshot_version."""
+        return (self.captured_at, self.snapshot_version)
+
+    def comes_after(self, reading_order: tuple[datetime, int] | None) -> bool:
+        """`is_newer_than` a reading known only by its `reading_order` (None: no reading yet)."""
+        return reading_order is None or self.reading_order > reading_order
 
 
 @dataclass(frozen=True)

@@ -88,11 +88,10 @@ def test_newer_reading_wins_by_capture_time_then_version() -> None:
     assert not budget(40, "watch", version=3).is_newer_than(old)
     assert not budget(40, "watch", version=9, captured=T0 - timedelta(seconds=1)).is_newer_than(old)
     assert old.is_newer_than(None)
-    for reading in (budget(40, "watch", version=4), budget(40, "watch", version=3), old):
-        stored = (old.captured_at, old.snapshot_version, old.remaining_pct)
-        assert reading.is_newer_than_stored(*stored) == reading.is_newer_than(old)
-    assert old.is_newer_than_stored(None, None, None)
-    assert old.is_newer_than_stored(old.captured_at, old.snapshot_version, None), "no percent: none stored"
+    assert budget(40, "watch", version=4).comes_after(old.reading_order)
+    assert not budget(40, "watch", version=3).comes_after(old.reading_order), "the same reading again"
+    assert budget(40, "watch", version=1, captured=T0 + timedelta(seconds=1)).comes_after((T0, 9))
+    assert old.comes_after(None), "no reading stored yet"
 
 
 def test_risk_order_and_next_compaction_risk() -> None:
