@@ -104,7 +104,10 @@ class ContextBudgetHandlers:
                 new_alert_id=lambda: str(uuid.uuid4()),
                 horizon=self.compaction_risk_horizon,
             )
-            await repository.write_readings(connection, plan.snapshots, plan.states, now)
+            # On PostgreSQL the outbox append below makes these writes in its own statement.
+            readings = await repository.write_readings(
+                connection, plan.snapshots, plan.states, now, carried=True
+            )
             await repository.insert_alerts(connection, plan.new_alerts)
             resolved = {
                 alert.alert_id: alert
@@ -118,7 +121,7 @@ class ContextBudgetHandlers:
                         events.append(_new_event(ev.alert_changed_event(alert, planned.node_id), now))
                 else:
                     events.append(_new_event(planned, now))
-            appended = await self._events.append(connection, events)
+            appended = await self._events.append(connection, events, carrying=readings)
         if appended:
             self._events.kick(appended)
         BATCH_SIZE.record(len(snapshots))

@@ -38,6 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from services.shared.db import Database
 from services.shared.outbox import CursorMove, EventLog, NewEvent, StoredEvent
 from services.shared.reconnection import Reconnection
+from services.shared.sql_types import CarriedWrites
 from services.shared.time import from_timestamp, to_timestamp, utc_now
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,17 @@ async def watch_events(
         yield [to_envelope(stored) for stored in batch]
 
 
-BatchHandler = Callable[[AsyncConnection, list[StoredEvent]], Awaitable[list[NewEvent]]]
+@dataclass(frozen=True)
+class Publication:
+    """What a handler's batch publishes, when it also hands over its last writes: `events` as a
+    handler would return them, and `carrying`, writes that the outbox append makes in its own
+    statement (PostgreSQL; `EventLog.append`), a round trip fewer per batch."""
+
+    events: list[NewEvent]
+    carrying: CarriedWrites | None = None
+
+
+BatchHandler = Callable[[AsyncConnection, list[StoredEvent]], Awaitable[list[NewEvent] | Publication]]
 StreamOpener = Callable[[int], AsyncIterator[Sequence[events_pb2.EventEnvelope]]]
 
 
@@ -103,7 +114,8 @@ class EventConsumer:
         open_stream: opens the upstream `WatchEvents` after a sequence, yielding runs of envelopes
             (the `events` of each response).
         handle: applies a batch inside the given transaction and returns events to publish from
-            this service's own outbox (written in the same transaction).
+            this service's own outbox (written in the same transaction), or a `Publication` of
+            them with writes for the append to carry (PostgreSQL only).
         event_log: this service's outbox, when handlers publish events.
         batch_size: most events applied per transaction.
         after_commit: called (synchronously, no arguments) after each batch's transaction committed,
@@ -194,17 +206,26 @@ class EventConsumer:
                 fresh = [event for event in fresh if event.sequence > int(stored or 0)]
                 if not fresh:
                     return
-            published = await self._handle(connection, fresh)
+            handled = await self._handle(connection, fresh)
+            published, carrying = (
+                (handled.events, handled.carrying) if isinstance(handled, Publication) else (handled, None)
+            )
             appended: list[StoredEvent] = []
             if postgres:
                 move = CursorMove(self._cursors.name, self.stream_name, fresh[-1].sequence)
                 if self._event_log is not None:  # it moves the cursor with the append (or alone)
-                    appended = await self._event_log.append(connection, published, cursor_move=move)
+                    appended = await self._event_log.append(
+                        connection, published, cursor_move=move, carrying=carrying
+                    )
                 else:
+                    if carrying is not None:
+                        await carrying.run(connection)
                     await move.run(connection)
                 stored = move.previous
                 if stored is not None and stored >= fresh[0].sequence:
                     raise _AppliedElsewhere(stored)
+            elif carrying is not None:
+                raise RuntimeError("carried writes are PostgreSQL driver SQL: the handler must write itself")
             elif published and self._event_log is not None:
                 appended = await self._event_log.append(connection, published)
             values = {"last_sequence": fresh[-1].sequence, "updated_at": utc_now()}

@@ -57,7 +57,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.shared.db import Database
-from services.shared.sql_types import UtcDateTime, driver_connection, run_driver_sql
+from services.shared.sql_types import CarriedWrites, UtcDateTime, driver_connection, run_driver_sql
 from services.shared.time import utc_now
 
 log = logging.getLogger(__name__)
@@ -247,6 +247,7 @@ class EventLog:
         events: Iterable[NewEvent],
         *,
         cursor_move: CursorMove | None = None,
+        carrying: CarriedWrites | None = None,
     ) -> list[StoredEvent]:
         """Writes events in the caller's transaction with their stream sequences; returns them as
         stored (sequence, payload JSON text, trace context), for `kick()` after the commit.
@@ -263,20 +264,31 @@ class EventLog:
         `cursor_move` (PostgreSQL): a consumer's cursor advance made by the same statement as a small
         append (one round trip fewer per consumer batch), or by its own statement otherwise; its
         `previous` is set to the value the cursor had (None when its row does not exist yet).
+
+        `carrying` (PostgreSQL): the transaction's last writes, made by the same statement as a
+        small append (a round trip fewer), before it takes the sequencer's lock
+        (`CarriedWrites.completed_first`), or by a statement of their own first otherwise.
         """
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         trace_json = json.dumps(carrier)
         pending = list(events)
+        postgres = connection.dialect.name == "postgresql"
+        if postgres and 0 < len(pending) < COPY_THRESHOLD:
+            payloads = [
+                orjson.dumps(e.payload, default=str, option=_PAYLOAD_OPTIONS).decode() for e in pending
+            ]
+            base = await self._append_in_one_statement(
+                connection, pending, payloads, trace_json, cursor_move, carrying
+            )
+            return _sequenced(base, pending, payloads, carrier)
+        if carrying is not None:
+            await carrying.run(connection)
         if not pending:
             if cursor_move is not None:
                 await cursor_move.run(connection)
             return []
         payloads = [orjson.dumps(e.payload, default=str, option=_PAYLOAD_OPTIONS).decode() for e in pending]
-        postgres = connection.dialect.name == "postgresql"
-        if postgres and len(pending) < COPY_THRESHOLD:
-            base = await self._append_in_one_statement(connection, pending, payloads, trace_json, cursor_move)
-            return _sequenced(base, pending, payloads, carrier)
         if cursor_move is not None:
             await cursor_move.run(connection)
         last: int | None
@@ -317,21 +329,28 @@ class EventLog:
         payloads: list[str],
         trace_json: str,
         cursor_move: CursorMove | None,
+        carrying: CarriedWrites | None,
     ) -> int:
         """A small append on PostgreSQL in one round trip: the sequencer row's UPDATE (which takes its
         lock until commit, like SELECT ... FOR UPDATE) numbers the rows that the same statement
-        inserts from one JSON array, and the same statement makes `cursor_move` when given. Returns the
-        sequence before the first appended one. Raises RuntimeError when the sequencer row is
-        missing."""
+        inserts from one JSON array, and the same statement makes `cursor_move` and the `carrying`
+        writes when given (those before the sequencer's lock). Returns the sequence before the
+        first appended one. Raises RuntimeError when the sequencer row is missing."""
         events, sequencer = self._events.name, self._sequencer.name
-        moved, returned, parameters = "", "", {}
+        moved, returned, carried, writes_first = "", "", "", ""
+        parameters: dict[str, Any] = {}
+        if carrying is not None:
+            carried = f"{carrying.with_clauses()}, "
+            writes_first = f" AND {carrying.completed_first()}"
+            parameters.update(carrying.parameters)
         if cursor_move is not None:
             moved = f"{cursor_move.common_table_expressions()}, "
             returned = ", (SELECT previous FROM moved)"
-            parameters = cursor_move.parameters()
+            parameters.update(cursor_move.parameters())
         statement = (
-            f"WITH {moved}advanced AS (UPDATE {sequencer} SET last_sequence = last_sequence + %(count)s "
-            "WHERE id = 1 RETURNING last_sequence - %(count)s AS base) "
+            f"WITH {carried}{moved}advanced AS (UPDATE {sequencer} "
+            f"SET last_sequence = last_sequence + %(count)s WHERE id = 1{writes_first} "
+            "RETURNING last_sequence - %(count)s AS base) "
             f"INSERT INTO {events} ({', '.join(_EVENT_COLUMNS)}) "
             "SELECT advanced.base + item.position, item.event_type, item.occurred_at, item.thread_id, "
             "item.project_id, item.node_id, item.payload_json, %(trace)s FROM advanced, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -128,6 +129,44 @@ async def run_driver_sql(
         return await cursor.fetchall() if result is not None and result.status == ExecStatus.TUPLES_OK else []
     except psycopg.Error as error:
         raise DBAPIError.instance(sql, parameters, error, psycopg.Error) from error
+
+
+@dataclass(frozen=True)
+class CarriedWrites:
+    """Writes for another statement to carry (PostgreSQL), so that they cost no round trip of their
+    own: a transaction's last writes ride on its outbox append (`EventLog.append(carrying=...)`).
+
+    `clauses` are (name, statement) pairs for one WITH clause, in order: plain SELECTs that later
+    clauses read, and the data-modifying statements named in `writes`, each with a RETURNING clause
+    (which `completed_first` counts). Placeholders are named (`%(name)s` / `%(name)b`) and, with the
+    clause names, must not collide with the carrier's own (`EventLog.append` uses `count`, `trace`,
+    `items`, `cursor_*`; `advanced`, `previous`, `moved`).
+    """
+
+    clauses: tuple[tuple[str, str], ...]
+    writes: tuple[str, ...]
+    parameters: Mapping[str, Any]
+
+    def with_clauses(self) -> str:
+        """The clauses as they go into a WITH clause: `name AS (statement), ...`."""
+        return ", ".join(f"{name} AS ({statement})" for name, statement in self.clauses)
+
+    def completed_first(self) -> str:
+        """A condition, always true, that runs every write to completion where it is evaluated.
+
+        PostgreSQL runs a data-modifying clause that nothing reads only after the main statement
+        (docs: "WITH Queries", data-modifying statements); a carrier that must take its own locks
+        after these writes' row locks (the outbox's sequencer lock is the last lock of every
+        transaction, so two transactions never wait for each other's) puts this in the WHERE of
+        the statement that takes them: an uncorrelated subquery, evaluated once before any row."""
+        counted = " + ".join(f"(SELECT count(*) FROM {name})" for name in self.writes)
+        return f"{counted} >= 0" if counted else "TRUE"
+
+    async def run(self, connection: AsyncConnection) -> None:
+        """Makes the writes with a statement of their own (when there is nothing to carry them)."""
+        await run_driver_sql(
+            connection, f"WITH {self.with_clauses()} SELECT {self.completed_first()}", dict(self.parameters)
+        )
 
 
 def column_list(table: Table, qualifier: str = "") -> str:

@@ -20,7 +20,13 @@ from services.conversations.domain.model import (
     ThreadBudget,
     ThreadView,
 )
-from services.shared.sql_types import column_list, fetch_driver_row_pairs, fetch_driver_rows, run_driver_sql
+from services.shared.sql_types import (
+    CarriedWrites,
+    column_list,
+    fetch_driver_row_pairs,
+    fetch_driver_rows,
+    run_driver_sql,
+)
 
 # A row as a mapping of column name to value (SQLAlchemy's RowMapping, or a dict on hot reads).
 Row = Mapping[Any, Any]
@@ -193,14 +199,21 @@ class SqlAlchemyConversationsRepository:
         await self._update_tables([(table, key, changes)])
 
     async def _update_tables(
-        self, work: Sequence[tuple[Any, Any, Sequence[tuple[str, dict[str, Any]]]]]
-    ) -> None:
+        self,
+        work: Sequence[tuple[Any, Any, Sequence[tuple[str, dict[str, Any]]]]],
+        *,
+        carried: bool = False,
+    ) -> CarriedWrites | None:
         """Applies, per (table, key column, changes), the changes (row id, {column: value}) grouped by
         their set of columns. On PostgreSQL every group of every table is a set-based UPDATE from a
         JSON array (`_update_from_json_sql`) and all of them together are one statement (all but
         the last as data-modifying WITH clauses: each row changes at most once, so their order does
         not matter), one round trip whatever the number of rows and tables; elsewhere one
-        executemany per group."""
+        executemany per group.
+
+        With `carried` on PostgreSQL nothing runs here: the updates come back as `CarriedWrites`
+        (None when there is nothing to change) for the outbox append to make. Returns None
+        otherwise."""
         postgres = self.connection.dialect.name == "postgresql"
         updates: list[tuple[str, dict[str, Any]]] = []
         for table, key, changes in work:
@@ -225,14 +238,21 @@ class SqlAlchemyConversationsRepository:
                 ]
                 await self.connection.execute(statement, each[0] if len(each) == 1 else each)
         if not updates:
-            return
-        *first, (last, _parameters) = updates
-        prefix = ", ".join(f"update_{index} AS ({sql})" for index, (sql, _) in enumerate(first))
-        combined = f"WITH {prefix} {last}" if first else last
+            return None
         parameters: dict[str, Any] = {}
         for _sql, group_parameters in updates:
             parameters.update(group_parameters)
+        if carried and postgres:
+            names = tuple(f"update_{index}" for index in range(len(updates)))
+            clauses = tuple(
+                (name, f"{sql} RETURNING 1") for name, (sql, _) in zip(names, updates, strict=True)
+            )
+            return CarriedWrites(clauses, names, parameters)
+        *first, (last, _parameters) = updates
+        prefix = ", ".join(f"update_{index} AS ({sql})" for index, (sql, _) in enumerate(first))
+        combined = f"WITH {prefix} {last}" if first else last
         await run_driver_sql(self.connection, combined, parameters)
+        return None
 
     def _update_from_json_sql(
         self,
@@ -313,13 +333,17 @@ class SqlAlchemyConversationsRepository:
         self,
         thread_changes: Sequence[tuple[str, dict[str, Any]]],
         project_changes: Sequence[tuple[str, dict[str, Any]]],
-    ) -> None:
-        """`update_threads` and `update_projects` together: one statement on PostgreSQL."""
-        await self._update_tables(
+        *,
+        carried: bool = False,
+    ) -> CarriedWrites | None:
+        """`update_threads` and `update_projects` together: one statement on PostgreSQL; with
+        `carried`, returned for the outbox append to make instead (see `_update_tables`)."""
+        return await self._update_tables(
             [
                 (threads, threads.c.thread_id, thread_changes),
                 (projects, projects.c.project_id, project_changes),
-            ]
+            ],
+            carried=carried,
         )
 
     async def members_and_projects_of_threads(
