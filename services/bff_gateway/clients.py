@@ -112,16 +112,21 @@ class ContextBudgetClient:
         return response.thread_context
 
     async def health(self, timeout_seconds: float) -> str:
-        """The gRPC health status name of ContextBudgetService ("SERVING", "NOT_SERVING", ...), or
-        the failing status code's name (e.g. "UNAVAILABLE") when the check itself fails."""
-        stub = health_pb2_grpc.HealthStub(self.slot.get())
-        try:
-            response = await stub.Check(
-                health_pb2.HealthCheckRequest(service=CONTEXT_BUDGET_SERVICE), timeout=timeout_seconds
-            )
-        except grpc.aio.AioRpcError as error:
-            return error.code().name
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+        """ContextBudgetService's gRPC health status name (see `health_status`)."""
+        return await health_status(self.slot, CONTEXT_BUDGET_SERVICE, timeout_seconds)
+
+
+async def health_status(slot: ChannelSlot, service: str, timeout_seconds: float) -> str:
+    """The gRPC health status name of `service` (its full name, e.g.
+    "boss.conversations.v1.ConversationsService") behind `slot`: "SERVING", "NOT_SERVING", ..., or
+    the failing status code's name (e.g. "UNAVAILABLE", "DEADLINE_EXCEEDED") when the check itself
+    fails. Never raises for an unreachable backend."""
+    stub = health_pb2_grpc.HealthStub(slot.get())
+    try:
+        response = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_seconds)
+    except grpc.aio.AioRpcError as error:
+        return error.code().name
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
 
 @dataclass(frozen=True)

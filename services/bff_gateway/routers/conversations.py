@@ -34,7 +34,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.bff_gateway.auth import CallerDep
-from services.bff_gateway.clients import ChannelSlot
+from services.bff_gateway.clients import ChannelSlot, health_status
 from services.bff_gateway.mapping import projection_checklist_item
 from services.bff_gateway.problems import ProblemError, error_responses, problem_for_rpc_error
 from services.bff_gateway.request_body import json_body_openapi, read_json_body
@@ -43,6 +43,8 @@ from services.bff_gateway.state import GatewayDep
 from services.shared import config
 from services.shared.auth import SCOPE_CONVERSATIONS_READ, SCOPE_CONVERSATIONS_WRITE, bearer_metadata
 from services.shared.time import from_timestamp
+
+CONVERSATIONS_SERVICE = pb.DESCRIPTOR.services_by_name["ConversationsService"].full_name
 
 ID_MAX_LENGTH = 200
 CONSOLE_DIR = FilePath(__file__).resolve().parent.parent / "console"
@@ -269,6 +271,10 @@ class ConversationsClient:
     def stub(self) -> pb_grpc.ConversationsServiceStub:
         """A stub on the (lazily opened) channel."""
         return pb_grpc.ConversationsServiceStub(self.slot.get())
+
+    async def health(self, timeout_seconds: float) -> str:
+        """ConversationsService's gRPC health status name (see `clients.health_status`)."""
+        return await health_status(self.slot, CONVERSATIONS_SERVICE, timeout_seconds)
 
     async def call(self, method: str, request: Any, token: str) -> Any:
         """Invokes unary `method` with `request`; maps gRPC errors to problems."""

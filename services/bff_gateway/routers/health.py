@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import asyncio
+
+from fastapi import APIRouter, Request
 
 from services.bff_gateway.problems import ProblemError, error_responses
 from services.bff_gateway.schemas import HealthStatus
@@ -18,17 +20,23 @@ async def healthz() -> HealthStatus:
 
 
 @router.get("/readyz", response_model=HealthStatus, summary="Readiness", responses=error_responses(503))
-async def readyz(gateway: GatewayDep) -> HealthStatus:
-    """`{"status": "ready"}` when context_budget's gRPC health check answers SERVING; otherwise 503
-    problem+json naming the backend and its status (so a load balancer stops sending traffic)."""
-    settings = gateway.settings
-    status = await gateway.context_budget.health(settings.readiness_timeout_seconds)
-    if status != "SERVING":
+async def readyz(gateway: GatewayDep, request: Request) -> HealthStatus:
+    """`{"status": "ready", "checks": {"context_budget": "SERVING", "conversations": "SERVING"}}`
+    when the gRPC health checks of both backends the gateway serves from answer SERVING (checked
+    at once, each within `readiness_timeout_seconds`); otherwise 503 problem+json naming every
+    backend that is not ready and its status, so a load balancer stops sending traffic. The
+    scheduler is not checked: the home list, project detail and events work without it."""
+    timeout = gateway.settings.readiness_timeout_seconds
+    backends = {"context_budget": gateway.context_budget, "conversations": request.app.state.conversations}
+    statuses = await asyncio.gather(*(backend.health(timeout) for backend in backends.values()))
+    checks = dict(zip(backends, statuses, strict=True))
+    not_ready = [f"{name} is not ready: {status}" for name, status in checks.items() if status != "SERVING"]
+    if not_ready:
         raise ProblemError(
             503,
             "service-unavailable",
-            f"context_budget is not ready: {status}",
+            "; ".join(not_ready),
             title="Service unavailable",
-            headers={"Retry-After": str(settings.retry_after_seconds)},
+            headers={"Retry-After": str(gateway.settings.retry_after_seconds)},
         )
-    return HealthStatus(status="ready", checks={"context_budget": status})
+    return HealthStatus(status="ready", checks=checks)

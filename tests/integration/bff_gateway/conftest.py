@@ -37,10 +37,10 @@ async def conversations() -> AsyncIterator[RunningConversations]:
 
 
 async def _gateway_for(
-    address: str, peer: RunningDouble, conversations: RunningConversations
+    address: str, peer: RunningDouble, conversations: RunningConversations, conversations_address: str = ""
 ) -> AsyncIterator[Gateway]:
     channel = open_channel(address)
-    conversations_channel = open_channel(conversations.address)
+    conversations_channel = open_channel(conversations_address or conversations.address)
     app = build_app(address, channel=channel, conversations_channel=conversations_channel)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as http:
@@ -66,4 +66,13 @@ async def gateway_without_backend(
 ) -> AsyncIterator[Gateway]:
     """The gateway app pointed at an address where no context_budget listens."""
     async for value in _gateway_for(closed_port_address(), peer, conversations):
+        yield value
+
+
+@pytest.fixture
+async def gateway_without_conversations(
+    peer: RunningDouble, conversations: RunningConversations
+) -> AsyncIterator[Gateway]:
+    """The gateway app pointed at an address where no conversations service listens."""
+    async for value in _gateway_for(peer.address, peer, conversations, closed_port_address()):
         yield value

@@ -47,11 +47,13 @@ def build_app(
     channel: grpc.aio.Channel | None = None,
     wrap_up_source: WrapUpSource | None = None,
     conversations_channel: grpc.aio.Channel | None = None,
+    conversations_address: str = "",
 ) -> FastAPI:
     """A gateway app for context_budget at `context_budget_address`, kept apart from any scheduler
     or conversations service running on this machine: CB-14's checklist comes from
     `wrap_up_source` (default: none), the owner check of client tokens goes to
-    `conversations_channel` (default: an address where nothing listens, so client reads are 503)."""
+    `conversations_channel`, or to a channel the app opens to `conversations_address` (default: an
+    address where nothing listens, so client reads and /readyz are 503)."""
     app = create_app(
         settings_for(context_budget_address),
         context_budget_channel=channel,
@@ -59,7 +61,7 @@ def build_app(
         conversations_channel=conversations_channel,
     )
     if conversations_channel is None:
-        app.state.conversations.slot = ChannelSlot(target=closed_port_address())
+        app.state.conversations.slot = ChannelSlot(target=conversations_address or closed_port_address())
     return app
 
 

@@ -1,5 +1,5 @@
-"""/healthz and /readyz: liveness needs nothing; readiness is context_budget's gRPC health check
-(the peer is the context_budget test double, which serves the standard health service)."""
+"""/healthz and /readyz: liveness needs nothing; readiness is the gRPC health checks of
+context_budget and conversations (the peers are test doubles serving the standard health service)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ async def test_healthz_needs_no_token_and_no_backend(gateway_without_backend: Ga
     assert response.json() == {"status": "ok", "checks": {}}
 
 
-async def test_readyz_is_ready_when_context_budget_serves(gateway: Gateway) -> None:
+async def test_readyz_is_ready_when_both_backends_serve(gateway: Gateway) -> None:
     response = await gateway.http.get("/readyz")
 
     assert response.status_code == 200
-    assert response.json() == {"status": "ready", "checks": {"context_budget": "SERVING"}}
+    assert response.json() == {
+        "status": "ready",
+        "checks": {"context_budget": "SERVING", "conversations": "SERVING"},
+    }
 
 
 async def test_readyz_is_503_when_context_budget_is_down(gateway_without_backend: Gateway) -> None:
@@ -26,7 +29,15 @@ async def test_readyz_is_503_when_context_budget_is_down(gateway_without_backend
     assert response.status_code == 503
     assert response.headers["content-type"] == "application/problem+json"
     assert response.headers["retry-after"] == "7"
-    assert "context_budget" in response.json()["detail"]
+    assert response.json()["detail"] == "context_budget is not ready: UNAVAILABLE"
+
+
+async def test_readyz_is_503_when_conversations_is_down(gateway_without_conversations: Gateway) -> None:
+    response = await gateway_without_conversations.http.get("/readyz")
+
+    assert response.status_code == 503
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["detail"] == "conversations is not ready: UNAVAILABLE"
 
 
 async def test_unknown_route_is_404_problem(gateway: Gateway) -> None:

@@ -24,6 +24,7 @@ from services.context_budget.server import build_service
 from services.shared.auth import TokenAuthority
 from services.shared.config import ServiceSettings
 from tests.integration.bff_gateway.context_budget_double import SECRET
+from tests.integration.bff_gateway.conversations_double import start_conversations
 from tests.integration.bff_gateway.support import BackgroundLoop, build_app
 
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
@@ -46,8 +47,8 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", build_app("127.0.0.1:9"
 
 @pytest.fixture(scope="module")
 def gateway_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
-    """A gateway app (it opens its own channel in schemathesis's loop) over a running
-    context_budget service on a fresh SQLite file."""
+    """A gateway app (it opens its own channels in schemathesis's loop) over a running
+    context_budget service on a fresh SQLite file and a conversations double (for /readyz)."""
     database = tmp_path_factory.mktemp("context_budget") / "context_budget.sqlite3"
     service = build_service(
         ServiceSettings(
@@ -60,9 +61,11 @@ def gateway_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
     )
     with BackgroundLoop.started() as background:
         background.run(service.start())
+        conversations = background.run(start_conversations(AUTHORITY, {}))
         try:
-            yield build_app(service.address)
+            yield build_app(service.address, conversations_address=conversations.address)
         finally:
+            background.run(conversations.stop())
             background.run(service.stop(grace=0))
 
 

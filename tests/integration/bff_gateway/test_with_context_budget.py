@@ -133,4 +133,7 @@ async def test_unknown_thread_is_404(http: httpx.AsyncClient) -> None:
 async def test_readyz_sees_the_real_health_service(http: httpx.AsyncClient) -> None:
     response = await http.get("/readyz")
 
-    assert response.json() == {"status": "ready", "checks": {"context_budget": "SERVING"}}
+    assert response.json() == {
+        "status": "ready",
+        "checks": {"context_budget": "SERVING", "conversations": "SERVING"},
+    }
