@@ -91,16 +91,18 @@ class Principal:
             listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
             raise PermissionDenied(f"token lacks scope {listed}", reason="SCOPE_MISSING")
 
-    def require_worker(self, worker_id: str, node_id: str) -> None:
-        """Raises PermissionDenied unless this is the worker token of `worker_id` on `node_id`
-        (service tokens may act for any worker)."""
+    def require_worker(self, worker_id: str, node_id: str | None = None) -> None:
+        """Raises PermissionDenied (reason WORKER_MISMATCH or NODE_MISMATCH) unless this is the
+        worker token of `worker_id` on `node_id` (service tokens may act for any worker). With
+        `node_id` None only the worker is checked, e.g. against a URL path before the body that
+        names the node is read."""
         if self.kind == "service":
             return
         if self.kind != "worker" or self.worker_id != worker_id:
             raise PermissionDenied(
                 f"token is bound to worker {self.worker_id!r}, not {worker_id!r}", reason="WORKER_MISMATCH"
             )
-        if self.node_id != node_id:
+        if node_id is not None and self.node_id != node_id:
             raise PermissionDenied(
                 f"token is bound to node {self.node_id!r}, not {node_id!r}", reason="NODE_MISMATCH"
             )

@@ -1,11 +1,11 @@
 """Worker ingest over REST: `POST /api/v1/workers/{worker_id}/thread-context` (SPEC CB-10).
 
 The same contract as context_budget's gRPC ReportThreadContext, in the seed's JSON (§5.2). Checks,
-in order: bearer token (401), token scope (403), body size (413), JSON (400), field types and
-ranges (422), path worker_id equal to the body's (400), token binding to the body's worker_id and
-node_id (403); then context_budget validates, classifies and commits, and its answer (or error) is
-mapped. The body is read only once the token's scope is checked (request_body.py), so a token that
-may not report is 401 / 403 whatever it sends.
+in order: bearer token (401), token scope (403), token binding to the path's worker_id (403), body
+size (413), JSON (400), field types and ranges (422), path worker_id equal to the body's (400),
+token binding to the body's worker_id and node_id (403); then context_budget validates, classifies
+and commits, and its answer (or error) is mapped. The body is read only once the token may report
+for the path's worker (request_body.py), so a token that may not is 401 / 403 whatever it sends.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Annotated
 import grpc
 from fastapi import APIRouter, Path, Request
 
-from services.bff_gateway.auth import CallerDep
+from services.bff_gateway.auth import Caller, CallerDep
 from services.bff_gateway.mapping import ack_from_proto, snapshot_to_proto
 from services.bff_gateway.problems import (
     error_responses,
@@ -58,9 +58,10 @@ async def report_thread_context(
     committed; a re-sent snapshot is answered with `duplicate: true`, an older one with
     `superseded: true`.
     """
-    # The scope before the body: a token that may not report is 403 whatever it sends; the
-    # binding to the body's worker and node can only be checked once the body is read.
+    # The scope and the path's worker before the body: a token that may not report for this
+    # worker is 403 whatever it sends; the binding to the body's node needs the body.
     caller.require(SCOPE_CONTEXT_REPORT)
+    _require_worker(caller, worker_id)
     report = await read_json_body(request, ThreadContextReport)
     if worker_id != report.worker_id:
         raise invalid_request(
@@ -68,12 +69,7 @@ async def report_thread_context(
             f"path worker_id {worker_id!r} differs from body worker_id {report.worker_id!r}",
             reason="WORKER_ID_MISMATCH",
         )
-    try:
-        caller.principal.require_worker(report.worker_id, report.node_id)
-    except PermissionDenied as error:
-        raise forbidden(
-            error.message, reason=error.reason, fields=_FIELD_OF_REASON.get(error.reason, ())
-        ) from error
+    _require_worker(caller, report.worker_id, report.node_id)
     settings = gateway.settings
     try:
         ack = await gateway.context_budget.report_thread_context(snapshot_to_proto(report), caller.token)
@@ -90,6 +86,16 @@ async def report_thread_context(
             retry_after_seconds=settings.retry_after_seconds,
         )
     return ack_from_proto(ack)
+
+
+def _require_worker(caller: Caller, worker_id: str, node_id: str | None = None) -> None:
+    """`Principal.require_worker` as a 403 problem naming the mismatched field."""
+    try:
+        caller.principal.require_worker(worker_id, node_id)
+    except PermissionDenied as error:
+        raise forbidden(
+            error.message, reason=error.reason, fields=_FIELD_OF_REASON.get(error.reason, ())
+        ) from error
 
 
 def grpc_code(number: int) -> grpc.StatusCode:

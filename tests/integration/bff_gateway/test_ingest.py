@@ -73,15 +73,31 @@ async def test_resent_snapshot_is_answered_as_duplicate(gateway: Gateway) -> Non
 
 
 async def test_path_and_body_worker_mismatch_is_400_naming_worker_id(gateway: Gateway) -> None:
-    response = await gateway.http.post(
-        "/api/v1/workers/worker-other/thread-context", json=SEED_BODY, headers=gateway.worker_headers()
+    response = await gateway.http.post(  # the path is the token's worker; the body names another
+        SEED_PATH, json={**SEED_BODY, "worker_id": "worker-other"}, headers=gateway.worker_headers()
     )
 
     assert response.status_code == 400
+    assert response.json()["reason"] == "WORKER_ID_MISMATCH"
     assert response.headers["content-type"] == PROBLEM
     body = response.json()
     assert field_names(body) == ["worker_id"]
-    assert body["instance"] == "/api/v1/workers/worker-other/thread-context"
+    assert body["instance"] == SEED_PATH
+    assert gateway.peer.servicer.received == []
+
+
+async def test_token_of_another_worker_than_the_paths_is_403_before_the_body_is_read(
+    gateway: Gateway,
+) -> None:
+    for body in (SEED_BODY, {"not": "a report"}):
+        response = await gateway.http.post(
+            "/api/v1/workers/worker-other/thread-context", json=body, headers=gateway.worker_headers()
+        )
+
+        assert response.status_code == 403
+        assert response.headers["content-type"] == PROBLEM
+        assert response.json()["reason"] == "WORKER_MISMATCH"
+        assert field_names(response.json()) == ["worker_id"]
     assert gateway.peer.servicer.received == []
 
 

@@ -31,6 +31,9 @@ def test_worker_token_is_bound_to_its_worker_and_node() -> None:
         principal.require_worker("worker-other", "mac-01")
     with pytest.raises(PermissionDenied, match="not 'mac-02'"):
         principal.require_worker("worker-mac-01", "mac-02")
+    principal.require_worker("worker-mac-01")  # the worker alone, its node not known yet
+    with pytest.raises(PermissionDenied, match="not 'worker-other'"):
+        principal.require_worker("worker-other")
 
 
 def test_client_token_cannot_report_for_a_worker() -> None:
