@@ -9,7 +9,9 @@ is held until the transaction ends, and PostgreSQL makes a transaction visible b
 locks, so the next writer can only number its events after this one is visible: sequences become
 visible in order, and `sequence > cursor` never skips. (On SQLite, writers are serialised by
 `BEGIN IMMEDIATE` anyway.) The cost is that appending transactions of one service commit one at a
-time at their tail; append last, just before commit.
+time at their tail; append last, just before commit. A transaction's last writes can ride on the
+append's statement (`append(carrying=...)`, PostgreSQL): they are made before it takes the lock, so
+the lock stays the last one every transaction takes.
 
 Consumers read `sequence > after_sequence` in order (`EventLog.read_after`), or follow the stream
 live (`EventLog.follow_batches`), which replays the backlog and then waits for newly committed events.
