@@ -6,6 +6,7 @@ PYTHON_BOOTSTRAP ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+IMPORT_PATH := $(VENV)/.import-path
 GENERATED := gen/.generated
 PROTOS := $(shell find protos/boss -name '*.proto')
 export PYTHONPATH := $(CURDIR):$(CURDIR)/gen
@@ -25,7 +26,14 @@ $(GENERATED): $(INSTALLED) $(PROTOS) scripts/generate_protos.sh
 	PYTHON=$(PY) ./scripts/generate_protos.sh
 	@touch $@
 
-setup: $(GENERATED) ## create the virtualenv, install dependencies, generate code
+# The project and gen/ on the virtualenv's import path (a .pth file), so `.venv/bin/python -m worker`
+# or `-m services.<name>` works from any folder without setting PYTHONPATH.
+$(IMPORT_PATH): $(INSTALLED)
+	@echo "==> putting the project and gen/ on the virtualenv's import path"
+	$(PY) -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "boss-project.pth").write_text("\n".join(sys.argv[1:]) + "\n")' "$(CURDIR)" "$(CURDIR)/gen"
+	@touch $@
+
+setup: $(GENERATED) $(IMPORT_PATH) ## create the virtualenv, install dependencies, generate code
 
 generate: ## regenerate Python code from protos/ (never edit gen/ by hand)
 	PYTHON=$(PY) ./scripts/generate_protos.sh
