@@ -170,6 +170,8 @@ def test_ring_moves_live_and_agrees_everywhere(services: str) -> None:
             expect(detail_ring).to_have_attribute("data-percent", "22", timeout=10_000)
             expect(detail_ring).to_have_attribute("data-level", "critical")
             expect(page.locator("#strategy")).to_contain_text("Critical", timeout=10_000)
+            # Threads are named by title (here the default title, the thread id: no folder given).
+            expect(page.locator("#risk")).to_contain_text("next compaction risk: thread-e2e")
 
             detail_ring.click()
             expect(page.locator("#budget-percent")).to_have_text("22% (critical)", timeout=10_000)

@@ -149,10 +149,13 @@ async function renderProject(view, projectId) {
       el("div", { class: "sub", id: "risk" }, riskText(project)), threads));
 }
 
+// The project's risk line, naming threads by title (their id when untitled or not listed).
 function riskText(project) {
+  const titles = new Map(project.active_thread_contexts.map((c) => [c.thread_id, c.title || c.thread_id]));
+  const name = (threadId) => titles.get(threadId) || threadId;
   const parts = [];
-  if (project.next_compaction_risk_thread_id) parts.push("next compaction risk: " + project.next_compaction_risk_thread_id);
-  if (project.threads_requiring_handoff.length) parts.push("handoff required: " + project.threads_requiring_handoff.join(", "));
+  if (project.next_compaction_risk_thread_id) parts.push("next compaction risk: " + name(project.next_compaction_risk_thread_id));
+  if (project.threads_requiring_handoff.length) parts.push("handoff required: " + project.threads_requiring_handoff.map(name).join(", "));
   return parts.join(" · ") || "no thread at risk";
 }
 

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from services.shared.time import isoformat_utc
+
 MASTER_AGENT = "master_agent"
 SINGLE_DEVICE = "single_device"
 GROUP = "group"
@@ -393,7 +395,7 @@ def handoff_reason_in_words(
     if reason == "compaction_near":
         if compaction_expected_at is None:
             return "compaction expected soon"
-        return f"compaction expected at {compaction_expected_at.isoformat()}"
+        return f"compaction expected at {isoformat_utc(compaction_expected_at)}"
     if reason == "handoff_missing":
         which = f"compaction {compaction_count}" if compaction_count else "a compaction"
         return f"{which} happened with no ready handoff package"

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from functools import cached_property
 
 from services.scheduler.domain.model import Level, PackageStatus, ThreadState
+from services.shared.time import isoformat_utc
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def reasons_for(state: ThreadState) -> tuple[str, ...]:
     if state.has_hardware_test_in_progress():
         reasons.append("hardware test in progress")
     if state.compaction_expected_at is not None:
-        reasons.append(f"compaction expected at {state.compaction_expected_at.isoformat()}")
+        reasons.append(f"compaction expected at {isoformat_utc(state.compaction_expected_at)}")
     if state.task_importance:
         reasons.append(f"task importance {state.task_importance}")
     return tuple(reasons)

@@ -238,7 +238,7 @@ def test_handoff_reasons_in_words() -> None:
     assert critical == "context budget critical: wrap up before Codex compacts"
     assert (
         handoff_reason_in_words("compaction_near", compaction_expected_at=T0)
-        == "compaction expected at 2026-03-25T01:00:00+00:00"
+        == "compaction expected at 2026-03-25T01:00:00Z"
     )
     assert handoff_reason_in_words("compaction_near") == "compaction expected soon"
     assert (
