@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 from services.scheduler.domain.level_actions import flags_for, level_commands
 from services.scheduler.domain.model import (
+    AT_RISK_MARKER,
     BudgetReport,
     CommandType,
     Level,
@@ -169,7 +170,7 @@ def compaction_seen(previous: ThreadState, compaction_count: int) -> CompactionS
         previous_count=previous.compaction_count,
         count=compaction_count,
         prepare_issued=previous.prepare_issued_at is not None,
-        was_at_risk="at_risk" in previous.commands_sent,
+        was_at_risk=previous.wrapping_up,
         package_ready=package_ready,
         handoff_package_id=previous.current_package_id if previous.package_epoch == previous.epoch else "",
         closed_package_id=previous.current_package_id,
@@ -355,7 +356,7 @@ def _apply_level_actions(
             prepare_issued_at_critical=state.prepare_issued_at_critical or report.level is Level.CRITICAL,
         )
     if at_risk:
-        sent.add("at_risk")
+        sent.add(AT_RISK_MARKER)
     changes["commands_sent"] = frozenset(sent)
     state = _evolve(state, **changes)
     return Decision(
@@ -367,7 +368,7 @@ def _apply_level_actions(
         handoff_missing=handoff_missing,
         handoff_required_reason=required_reason,
         level_changed=previous is None or previous.level != report.level,
-        was_at_risk_in_epoch="at_risk" in sent,
+        was_at_risk_in_epoch=AT_RISK_MARKER in sent,
     )
 
 

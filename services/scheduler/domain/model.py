@@ -112,6 +112,10 @@ class BudgetReport:
     last_total_tokens: int = 0
 
 
+# The `commands_sent` marker of an epoch in which a report was at risk (CB-19).
+AT_RISK_MARKER = "at_risk"
+
+
 @dataclass(frozen=True)
 class ThreadState:
     """The scheduler's view of one thread (the `scheduled_threads` row).
@@ -121,7 +125,7 @@ class ThreadState:
     `epoch` is the compaction_count the handoff bookkeeping belongs to: it restarts at each
     compaction. `commands_sent` lists command types already issued in this epoch (at most once each,
     except the critical re-issue of prepare_handoff, tracked by `prepare_issued_at_critical`) and the
-    marker "at_risk" once a report of the epoch was at risk (CB-19).
+    marker AT_RISK_MARKER once a report of the epoch was at risk (CB-19).
     """
 
     thread_id: str
@@ -159,6 +163,12 @@ class ThreadState:
     prepare_issued_at: datetime | None = None
     prepare_issued_at_critical: bool = False
     commands_sent: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def wrapping_up(self) -> bool:
+        """A report of the current epoch was at risk (CB-19: urgent, critical or compaction near), so
+        the thread is wrapping up for a handoff until its next compaction starts a new epoch."""
+        return AT_RISK_MARKER in self.commands_sent
 
     @property
     def must_finish(self) -> bool:

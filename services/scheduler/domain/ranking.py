@@ -12,8 +12,9 @@ Ranking order (most urgent first), each step a tie-break of the one before:
 7. thread_id (a stable, deterministic order).
 
 New work (CB-17 "new subtasks go to threads with healthier budgets, new threads, or idle threads"):
-only safe or watch threads that are not must_finish and not frozen; safe before watch, idle before
-busy, then the most budget left. None fit: a new thread is needed.
+only safe or watch threads that are not must_finish, not frozen and not wrapping up (a report of
+their current epoch was at risk, e.g. a safe thread whose compaction is near was asked to hand off);
+safe before watch, idle before busy, then the most budget left. None fit: a new thread is needed.
 """
 
 from __future__ import annotations
@@ -162,13 +163,14 @@ def choose_thread_for_work(
         and state.level in (Level.SAFE, Level.WATCH)
         and not state.must_finish
         and not state.context_growth_frozen
+        and not state.wrapping_up
     ]
     if not candidates:
         unfit = len([s for s in states if s.thread_id not in exclude])
         reason = (
             "the project has no thread yet"
             if unfit == 0
-            else f"none of {unfit} thread(s) is safe or watch without must-finish work"
+            else f"none of {unfit} thread(s) is safe or watch without must-finish work or a handoff under way"
         )
         return WorkChoice("", True, f"new thread needed: {reason}")
 

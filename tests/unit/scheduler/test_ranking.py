@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from services.scheduler.domain.model import Level, PackageStatus, ThreadState
+from services.scheduler.domain.model import AT_RISK_MARKER, Level, PackageStatus, ThreadState
 from services.scheduler.domain.ranking import choose_thread_for_work, rank_threads, strategy_summary
 
 NOW = datetime(2025, 5, 1, 12, 0, tzinfo=UTC)
@@ -88,6 +89,18 @@ def test_new_work_prefers_safe_then_idle_and_never_critical_or_must_finish() -> 
     none = choose_thread_for_work(states[:2], NOW, IDLE)
     assert none.new_thread_needed and none.thread_id == "" and "none of 2" in none.reason
     assert choose_thread_for_work([], NOW, IDLE).reason == "new thread needed: the project has no thread yet"
+
+
+def test_new_work_never_goes_to_a_thread_wrapping_up_for_a_handoff() -> None:
+    near = thread("near", Level.SAFE, 90, commands_sent=frozenset({AT_RISK_MARKER, "prepare_handoff"}))
+    states = [near, thread("other", Level.WATCH, 40)]
+
+    assert near.wrapping_up and not states[1].wrapping_up
+    assert choose_thread_for_work(states, NOW, IDLE).thread_id == "other"
+    alone = choose_thread_for_work([near], NOW, IDLE)
+    assert alone.new_thread_needed and "handoff under way" in alone.reason
+    after_compaction = replace(near, commands_sent=frozenset())  # a new epoch
+    assert choose_thread_for_work([after_compaction], NOW, IDLE).thread_id == "near"
 
 
 def test_summary_of_a_watch_thread_says_whether_its_package_is_ready() -> None:
