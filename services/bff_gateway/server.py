@@ -95,6 +95,11 @@ def create_app(
         lifespan=lifespan,
         docs_url="/docs",
         redoc_url=None,
+        # FastAPI's own OpenTelemetry hooks are off: they switch themselves on whenever a tracer or
+        # meter provider is installed (every service installs one) and then build request,
+        # dependency and serialization spans on every request, exported or not. HTTP spans come
+        # from `_instrument` (OpenTelemetry's FastAPI instrumentation) when traces are exported.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.gateway = state
     install_problem_handlers(app)

@@ -3,6 +3,12 @@ context_budget and conversations (the peers are test doubles serving the standar
 
 from __future__ import annotations
 
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from services.shared.telemetry import configure_telemetry
 from tests.integration.bff_gateway.support import Gateway
 
 
@@ -67,3 +73,16 @@ async def test_openapi_declares_bearer_auth_and_problem_responses(gateway: Gatew
         "context_budget_remaining_pct"
     ]
     assert (percent["minimum"], percent["maximum"]) == (0, 100)
+
+
+async def test_requests_build_no_spans_when_traces_are_not_exported(gateway: Gateway) -> None:
+    configure_telemetry("gateway")  # as the gateway process does: a tracer provider, no exporter
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    spans = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+
+    assert (await gateway.http.get("/healthz")).status_code == 200
+    assert (await gateway.http.post("/api/v1/workers/w/thread-context", json={})).status_code == 401
+
+    assert spans.get_finished_spans() == ()
