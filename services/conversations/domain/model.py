@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -245,11 +246,13 @@ def threads_requiring_handoff(threads: Sequence[ThreadView]) -> list[str]:
 def strategy_summary(threads: Sequence[ThreadView], scheduler_summary: str = "") -> str:
     """CB-13 `master_context_strategy_summary` in words.
 
-    The scheduler's own summary wins when it published one; otherwise the CB-7 actions per level are
-    stated for the threads at each level (the low budget is stressed here, not on the home list: CB-16).
+    The scheduler's own summary wins when it published one, with the threads it names by id named
+    by title as everywhere else in the app (`name_threads_by_title`); otherwise the CB-7 actions per
+    level are stated for the threads at each level (the low budget is stressed here, not on the
+    home list: CB-16).
     """
     if scheduler_summary:
-        return scheduler_summary
+        return name_threads_by_title(scheduler_summary, threads)
     reported = [t for t in threads if t.budget is not None]
     if not reported:
         return "No thread has reported its context budget yet."
@@ -279,6 +282,17 @@ def strategy_summary(threads: Sequence[ThreadView], scheduler_summary: str = "")
     if by_level["safe"]:
         parts.append(f"Safe: {len(by_level['safe'])} thread(s) keep going; new subtasks go to them first.")
     return " ".join(parts)
+
+
+def name_threads_by_title(text: str, threads: Sequence[ThreadView]) -> str:
+    """`text` with every whole occurrence of one of `threads`' ids replaced by that thread's title
+    (threads without a title keep their id). An id counts only where no letter, digit, `_` or `-`
+    touches it, so an id never matches inside a word or a longer id."""
+    titles = {view.thread_id: view.title for view in threads if view.title and view.title != view.thread_id}
+    if not titles:
+        return text
+    ids = "|".join(re.escape(thread_id) for thread_id in sorted(titles, key=len, reverse=True))
+    return re.sub(rf"(?<![\w-])(?:{ids})(?![\w-])", lambda match: titles[match.group(0)], text)
 
 
 CHECKLIST_ITEMS: tuple[tuple[str, str], ...] = (

@@ -23,6 +23,7 @@ from services.conversations.domain.model import (
     display_percent,
     handoff_reason_in_words,
     indicator_for,
+    name_threads_by_title,
     next_compaction_risk_thread,
     risk_order,
     single_device_project_id,
@@ -133,6 +134,18 @@ def test_strategy_summary_states_actions_per_level() -> None:
     assert "Safe: 1 thread(s)" in text
     assert strategy_summary([view("a", None)]) == "No thread has reported its context budget yet."
     assert strategy_summary([], "scheduler says so") == "scheduler says so"
+
+
+def test_the_schedulers_summary_names_threads_by_title() -> None:
+    threads = [view("a", budget(20, "critical")), view("th-2", budget(70, "safe")), view("th-22", None)]
+    scheduler = "2 threads: 1 critical, 1 safe. Wrap up and hand off a first (patch). New work goes to th-2."
+
+    assert strategy_summary(threads, scheduler) == (
+        "2 threads: 1 critical, 1 safe. Wrap up and hand off A first (patch). New work goes to TH-2."
+    )
+    assert name_threads_by_title("th-22 and th-2, not th-2x or xth-2", threads) == (
+        "TH-22 and TH-2, not th-2x or xth-2"
+    )
 
 
 def test_checklist_in_force_only_when_needed() -> None:
