@@ -288,8 +288,12 @@ def name_threads_by_title(text: str, threads: Sequence[ThreadView]) -> str:
     """`text` with every whole occurrence of one of `threads`' ids replaced by that thread's title
     (threads without a title keep their id). An id counts only where no letter, digit, `_` or `-`
     touches it, so an id never matches inside a word or a longer id."""
-    titles = {view.thread_id: view.title for view in threads if view.title and view.title != view.thread_id}
-    if not titles:
+    titles = {
+        view.thread_id: view.title
+        for view in threads
+        if view.title and view.title != view.thread_id and view.thread_id in text
+    }
+    if not titles:  # the common case on the projection's hot path: no pattern to build
         return text
     ids = "|".join(re.escape(thread_id) for thread_id in sorted(titles, key=len, reverse=True))
     return re.sub(rf"(?<![\w-])(?:{ids})(?![\w-])", lambda match: titles[match.group(0)], text)
