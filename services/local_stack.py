@@ -328,7 +328,9 @@ async def run_stack(arguments: argparse.Namespace) -> int:
 
 def main() -> None:
     """Entry point of `python -m services.local_stack`."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m services.local_stack", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--codex-home", help="Codex home to follow (default $CODEX_HOME or ~/.codex)")
     parser.add_argument(
         "--demo", action="store_true", help="use Boss's demo sessions even if you have your own"

@@ -143,6 +143,8 @@ def test_ring_moves_live_and_agrees_everywhere(services: str) -> None:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
+            errors: list[str] = []  # uncaught exceptions of the page's scripts (live handlers too)
+            page.on("pageerror", lambda error: errors.append(str(error)))
             page.goto(f"{services}/console/?token={client_token}")
             ring = page.locator("#conversations .ring[data-thread-id='thread-e2e']")
             expect(ring).to_have_attribute("data-percent", "81", timeout=15_000)
@@ -183,6 +185,7 @@ def test_ring_moves_live_and_agrees_everywhere(services: str) -> None:
             expect(items.first.locator(".label")).to_have_css("text-decoration-line", "none")
             report(services, worker_token, 18.0, "critical")
             expect(page.locator("#budget-percent")).to_have_text("18% (critical)", timeout=10_000)
+            assert errors == []
         finally:
             browser.close()
 

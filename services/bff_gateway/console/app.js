@@ -5,7 +5,7 @@
 
 const TOKEN_KEY = "boss.token";
 const state = { token: "", lastEventId: "", source: null, reconnectTimer: null, route: null, refreshTimer: null,
-  rendering: 0, missedWhileRendering: [], replaying: false };
+  rendering: 0, missedWhileRendering: [], replaying: false, threadTitles: new Map() };
 
 function takeToken() {
   const params = new URLSearchParams(location.search);
@@ -141,17 +141,18 @@ function threadRow(context) {
 async function renderProject(view, projectId) {
   const project = await api("/api/v1/projects/" + encodeURIComponent(projectId));
   const threads = el("ul", { class: "list", id: "threads" }, project.active_thread_contexts.map(threadRow));
+  state.threadTitles = new Map(project.active_thread_contexts.map((c) => [c.thread_id, c.title || c.thread_id]));
   view.replaceChildren(
     el("h1", { "data-project-id": project.project_id }, project.project_title),
     el("section", {}, el("h2", {}, "Master agent's strategy"),
       el("div", { class: "summary", id: "strategy" }, project.master_context_strategy_summary)),
     el("section", {}, el("h2", {}, "Threads"),
-      el("div", { class: "sub", id: "risk" }, riskText(project)), threads));
+      el("div", { class: "sub", id: "risk" }, riskText(project, state.threadTitles)), threads));
 }
 
-// The project's risk line, naming threads by title (their id when untitled or not listed).
-function riskText(project) {
-  const titles = new Map(project.active_thread_contexts.map((c) => [c.thread_id, c.title || c.thread_id]));
+// The project's risk line (from the project detail or a project.context_risk.updated event),
+// naming threads by their title in `titles` (their id when untitled or not listed).
+function riskText(project, titles) {
   const name = (threadId) => titles.get(threadId) || threadId;
   const parts = [];
   if (project.next_compaction_risk_thread_id) parts.push("next compaction risk: " + name(project.next_compaction_risk_thread_id));
@@ -272,8 +273,9 @@ const handlers = {
     if (route.name === "project" && (route.id === data.project_id || document.querySelector(`h1[data-project-id="${CSS.escape(data.project_id)}"]`))) {
       const strategy = document.getElementById("strategy");
       if (strategy) strategy.textContent = data.master_context_strategy_summary;
+      if (c.title) state.threadTitles.set(c.thread_id, c.title);
       const risk = document.getElementById("risk");
-      if (risk) risk.textContent = riskText(data);
+      if (risk) risk.textContent = riskText(data, state.threadTitles);
       const old = document.querySelector(`#threads li[data-thread-id="${CSS.escape(c.thread_id)}"]`);
       if (old) old.replaceWith(threadRow(c));
     }

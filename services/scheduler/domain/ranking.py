@@ -132,7 +132,13 @@ def strategy_summary(ranked: Sequence[RankedThread], choice: WorkChoice | None =
         )
         sentences.append(f"Send {first.thread_id} less long context; {handoff}.")
     else:
-        sentences.append("Every thread has room; keep stage summaries fresh.")
+        wrapping = [item.state.thread_id for item in ranked if item.state.wrapping_up]
+        sentences.append(
+            f"Compaction is near for {', '.join(wrapping)}: wrap up and hand off before it; "
+            "keep stage summaries fresh."
+            if wrapping
+            else "Every thread has room; keep stage summaries fresh."
+        )
     if choice is not None:
         sentences.append(
             "New work needs a new thread."

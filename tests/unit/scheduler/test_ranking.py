@@ -101,6 +101,10 @@ def test_new_work_never_goes_to_a_thread_wrapping_up_for_a_handoff() -> None:
     assert alone.new_thread_needed and "handoff under way" in alone.reason
     after_compaction = replace(near, commands_sent=frozenset())  # a new epoch
     assert choose_thread_for_work([after_compaction], NOW, IDLE).thread_id == "near"
+    assert strategy_summary(rank_threads([near]), alone) == (
+        "1 thread: 1 safe. Compaction is near for near: wrap up and hand off before it; keep stage "
+        "summaries fresh. New work needs a new thread."
+    )
 
 
 def test_summary_of_a_watch_thread_says_whether_its_package_is_ready() -> None:
