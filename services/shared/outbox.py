@@ -275,24 +275,20 @@ class EventLog:
         propagate.inject(carrier)
         trace_json = json.dumps(carrier)
         pending = list(events)
+        payloads = [orjson.dumps(e.payload, default=str, option=_PAYLOAD_OPTIONS).decode() for e in pending]
         postgres = connection.dialect.name == "postgresql"
         if postgres and 0 < len(pending) < COPY_THRESHOLD:
-            payloads = [
-                orjson.dumps(e.payload, default=str, option=_PAYLOAD_OPTIONS).decode() for e in pending
-            ]
             base = await self._append_in_one_statement(
                 connection, pending, payloads, trace_json, cursor_move, carrying
             )
             return _sequenced(base, pending, payloads, carrier)
+        # Otherwise the writes and the cursor move go first, each with a statement of its own.
         if carrying is not None:
             await carrying.run(connection)
-        if not pending:
-            if cursor_move is not None:
-                await cursor_move.run(connection)
-            return []
-        payloads = [orjson.dumps(e.payload, default=str, option=_PAYLOAD_OPTIONS).decode() for e in pending]
         if cursor_move is not None:
             await cursor_move.run(connection)
+        if not pending:
+            return []
         last: int | None
         if postgres:
             advanced = await run_driver_sql(

@@ -25,7 +25,6 @@ from services.shared.sql_types import (
     column_list,
     fetch_driver_row_pairs,
     fetch_driver_rows,
-    run_driver_sql,
 )
 
 # A row as a mapping of column name to value (SQLAlchemy's RowMapping, or a dict on hot reads).
@@ -206,9 +205,9 @@ class SqlAlchemyConversationsRepository:
     ) -> CarriedWrites | None:
         """Applies, per (table, key column, changes), the changes (row id, {column: value}) grouped by
         their set of columns. On PostgreSQL every group of every table is a set-based UPDATE from a
-        JSON array (`_update_from_json_sql`) and all of them together are one statement (all but
-        the last as data-modifying WITH clauses: each row changes at most once, so their order does
-        not matter), one round trip whatever the number of rows and tables; elsewhere one
+        JSON array (`_update_from_json_sql`) and all of them together are one statement (as
+        data-modifying WITH clauses, `CarriedWrites`: each row changes at most once, so their order
+        does not matter), one round trip whatever the number of rows and tables; elsewhere one
         executemany per group.
 
         With `carried` on PostgreSQL nothing runs here: the updates come back as `CarriedWrites`
@@ -242,16 +241,12 @@ class SqlAlchemyConversationsRepository:
         parameters: dict[str, Any] = {}
         for _sql, group_parameters in updates:
             parameters.update(group_parameters)
-        if carried and postgres:
-            names = tuple(f"update_{index}" for index in range(len(updates)))
-            clauses = tuple(
-                (name, f"{sql} RETURNING 1") for name, (sql, _) in zip(names, updates, strict=True)
-            )
-            return CarriedWrites(clauses, names, parameters)
-        *first, (last, _parameters) = updates
-        prefix = ", ".join(f"update_{index} AS ({sql})" for index, (sql, _) in enumerate(first))
-        combined = f"WITH {prefix} {last}" if first else last
-        await run_driver_sql(self.connection, combined, parameters)
+        names = tuple(f"update_{index}" for index in range(len(updates)))
+        clauses = tuple((name, f"{sql} RETURNING 1") for name, (sql, _) in zip(names, updates, strict=True))
+        writes = CarriedWrites(clauses, names, parameters)
+        if carried:
+            return writes
+        await writes.run(self.connection)
         return None
 
     def _update_from_json_sql(
