@@ -174,8 +174,8 @@ _FLAGGED_READING_COLUMNS: tuple[tuple[str, str], ...] = (
 _FLAGGED_READING_NAMES = tuple(name for name, _type in _FLAGGED_READING_COLUMNS)
 
 _STAGING_TABLE = "thread_contexts_incoming"
-# Below this many rows a batch is written with `INSERT ... SELECT FROM unnest(%b, ...)` (one
-# statement, no COPY set-up, no staging table): small batches are dominated by round trips.
+# Below this many rows a batch is written without COPY set-up or staging table (one statement per
+# table, or with `write_readings` one for both): small batches are dominated by round trips.
 COPY_MIN_ROWS = 64
 
 

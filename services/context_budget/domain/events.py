@@ -94,7 +94,7 @@ def _level(level: ContextBudgetLevel | None) -> str | None:
 
 
 def updated_event(
-    state: ThreadState, previous_level: ContextBudgetLevel | None, *, compaction_near: bool = False
+    state: ThreadState, previous_level: ContextBudgetLevel | None, *, compaction_near: bool
 ) -> EventDraft:
     """`thread.context.updated` for the thread's newly applied state; `compaction_near`: its
     compaction is expected within the risk horizon (`master_actions` then has prepare_handoff)."""

@@ -51,13 +51,9 @@ def classify(remaining_pct: float, policy: ThresholdPolicy) -> ContextBudgetLeve
     return ContextBudgetLevel.CRITICAL
 
 
-def master_actions_for(level: ContextBudgetLevel) -> tuple[MasterAction, ...]:
-    """CB-7's master-agent actions at `level`, in the order they are sent."""
-    return MASTER_ACTIONS[level]
-
-
 def master_actions_of(level: ContextBudgetLevel, compaction_near: bool) -> tuple[MasterAction, ...]:
-    """The actions a reading asks of the master agent: CB-7's at `level`, with `prepare_handoff`
+    """The actions a reading asks of the master agent, in the order they are sent: CB-7's at
+    `level` (`MASTER_ACTIONS`), with `prepare_handoff`
     added (after them) when its compaction is expected within the risk horizon
     (`compaction_is_near`), as the scheduler's CB-19 rule then sends prepare_handoff whatever the
     level (services/scheduler/domain/guarantee.py). The ingest ack, the `thread.context.updated`

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 import pytest
 
@@ -10,11 +11,13 @@ from services.context_budget.domain.model import ContextBudgetLevel, MasterActio
 from services.context_budget.domain.policy import (
     DEFAULT_POLICY,
     classify,
-    master_actions_for,
+    compaction_is_near,
+    master_actions_of,
     report_interval_seconds,
     validate_policy,
 )
 from services.shared.errors import InvalidArgument
+from tests.unit.context_budget.factories import make_snapshot
 
 SAFE, WATCH, URGENT, CRITICAL = (
     ContextBudgetLevel.SAFE,
@@ -86,16 +89,32 @@ def test_a_safe_threshold_of_exactly_100_is_allowed() -> None:
     assert classify(99.9, policy) == WATCH
 
 
+def test_a_near_compaction_adds_prepare_handoff_once_after_the_levels_actions() -> None:
+    assert master_actions_of(SAFE, True) == (MasterAction.REFRESH_STAGE_SUMMARY, MasterAction.PREPARE_HANDOFF)
+    for level in (WATCH, URGENT, CRITICAL):  # they ask for it already
+        assert master_actions_of(level, True) == master_actions_of(level, False)
+
+
+def test_compaction_is_near_at_most_the_horizon_after_the_capture() -> None:
+    horizon = timedelta(minutes=10)
+    at = make_snapshot().captured_at
+    assert not compaction_is_near(make_snapshot(), horizon), "no estimate"
+    assert compaction_is_near(make_snapshot(compaction_expected_at=at + horizon), horizon)
+    assert not compaction_is_near(
+        make_snapshot(compaction_expected_at=at + horizon + timedelta(seconds=1)), horizon
+    )
+
+
 def test_master_actions_per_level_follow_cb7_and_the_seed_example() -> None:
-    assert master_actions_for(SAFE) == (MasterAction.REFRESH_STAGE_SUMMARY,)
-    assert master_actions_for(WATCH) == (
+    assert master_actions_of(SAFE, False) == (MasterAction.REFRESH_STAGE_SUMMARY,)
+    assert master_actions_of(WATCH, False) == (
         MasterAction.AVOID_LARGE_CONTEXT_APPEND,
         MasterAction.PREPARE_HANDOFF,
     )
-    urgent = master_actions_for(URGENT)
+    urgent = master_actions_of(URGENT, False)
     assert [a.value for a in urgent[:2]] == ["prepare_handoff", "avoid_large_context_append"]
     assert urgent[2:] == (MasterAction.FINISH_CURRENT_SUBTASK, MasterAction.PRECREATE_RELAY_THREAD)
-    assert master_actions_for(CRITICAL) == (
+    assert master_actions_of(CRITICAL, False) == (
         MasterAction.RUN_PRE_COMPACTION_WRAP_UP,
         MasterAction.PREPARE_HANDOFF,
         MasterAction.FREEZE_CONTEXT_GROWTH,
