@@ -16,7 +16,7 @@ from typing import Annotated
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from services.bff_gateway.problems import problem_for_boss_error, unauthenticated
+from services.bff_gateway.problems import forbidden, problem_for_boss_error, unauthenticated
 from services.bff_gateway.state import GatewayDep
 from services.shared.auth import Principal
 from services.shared.errors import BossError
@@ -44,6 +44,16 @@ class Caller:
             self.principal.require(scope)
         except BossError as error:
             raise problem_for_boss_error(error) from error
+
+    def require_client(self) -> None:
+        """Raises 403 problem (reason CLIENT_TOKEN_REQUIRED) unless this is a client (app, console)
+        token: routes that act for one person take no owner from the request, and a service token
+        has none of its own."""
+        if self.principal.kind != "client":
+            raise forbidden(
+                f"this route takes a client token, not a {self.principal.kind} token",
+                reason="CLIENT_TOKEN_REQUIRED",
+            )
 
     def require_any(self, scopes: Sequence[str]) -> None:
         """Raises 403 problem (reason SCOPE_MISSING) unless the token carries one of `scopes`."""

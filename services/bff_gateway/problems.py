@@ -3,7 +3,9 @@
 Body: `type` (a URI naming the kind of problem), `title`, `status`, `detail`, `instance` (the
 request path), `errors` (one `{field, detail}` per bad field, field names as in the JSON body;
 empty when no field is to blame) and, when known, `reason` (the machine-readable ErrorInfo reason,
-e.g. "WORKER_MISMATCH").
+e.g. "WORKER_MISMATCH"). A 409 whose backend attached a google.rpc.PreconditionFailure lists each
+violation in `errors` (`field` = the violation's subject); for THREAD_METADATA_INCOMPLETE,
+`missing_fields` names the thread's missing metadata fields as well (e.g. `["codexThreadRef"]`).
 
 Status mapping (ARCHITECTURE.md "Contracts"):
 
@@ -14,7 +16,7 @@ Status mapping (ARCHITECTURE.md "Contracts"):
 | token not allowed; gRPC PERMISSION_DENIED | 403 |
 | unknown route or resource; gRPC NOT_FOUND | 404 |
 | gRPC FAILED_PRECONDITION, ALREADY_EXISTS, ABORTED | 409 |
-| body over the limit (64 KiB by default) | 413 |
+| body over the limit (64 KiB by default; 800,000 bytes for a chat send) | 413 |
 | wrong type, out of range, unknown enum or field; gRPC INVALID_ARGUMENT, OUT_OF_RANGE | 422 |
 | gRPC RESOURCE_EXHAUSTED | 429 + `Retry-After` |
 | gRPC UNKNOWN, INTERNAL, UNIMPLEMENTED, DATA_LOSS | 502 |
@@ -28,6 +30,7 @@ names what is unknown (services/shared/errors.py):
 | thread (never reported, never registered, or another owner's) | THREAD_NOT_FOUND |
 | project (or another owner's) | PROJECT_NOT_FOUND |
 | handoff package (or one of another owner's thread) | PACKAGE_NOT_FOUND |
+| chat task (or another owner's) | TASK_NOT_FOUND |
 | alert | ALERT_NOT_FOUND |
 | worker command | COMMAND_NOT_FOUND |
 | route | none |
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import http
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,13 +55,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.bff_gateway.mapping import json_field_of
-from services.shared.errors import BossError, field_violations_of, reason_of
+from services.shared.errors import BossError, field_violations_of, precondition_violations_of, reason_of
 
 log = logging.getLogger(__name__)
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_BASE = "https://boss.dev/problems/"
 DEFAULT_RETRY_AFTER_SECONDS = 5
+THREAD_METADATA_INCOMPLETE = "THREAD_METADATA_INCOMPLETE"
 
 
 class ProblemFieldError(BaseModel):
@@ -77,6 +82,13 @@ class Problem(BaseModel):
     instance: str = Field(description="The request path.")
     errors: list[ProblemFieldError] = Field(default_factory=list, description="Offending fields, if any.")
     reason: str | None = Field(default=None, description="Machine-readable reason, e.g. WORKER_MISMATCH.")
+    missing_fields: list[str] | None = Field(
+        default=None,
+        description=(
+            "THREAD_METADATA_INCOMPLETE only: the thread's missing metadata fields, as the chat "
+            "task names them (deviceId, codexFolderRef, codexThreadRef)."
+        ),
+    )
 
 
 class ProblemError(StarletteHTTPException):
@@ -93,6 +105,7 @@ class ProblemError(StarletteHTTPException):
         errors: Sequence[ProblemFieldError] = (),
         reason: str | None = None,
         headers: Mapping[str, str] | None = None,
+        missing_fields: Sequence[str] | None = None,
     ) -> None:
         super().__init__(status_code=status, detail=detail, headers=dict(headers or {}))
         self.status = status
@@ -100,6 +113,7 @@ class ProblemError(StarletteHTTPException):
         self.title = title or http.HTTPStatus(status).phrase
         self.errors = list(errors)
         self.reason = reason
+        self.missing_fields = list(missing_fields) if missing_fields is not None else None
 
     def to_problem(self, instance: str) -> Problem:
         """The problem body for the request at path `instance`."""
@@ -111,7 +125,30 @@ class ProblemError(StarletteHTTPException):
             instance=instance,
             errors=self.errors,
             reason=self.reason,
+            missing_fields=self.missing_fields,
         )
+
+    def with_fields_renamed(self, names: Mapping[str, str]) -> ProblemError:
+        """This problem with the fields of `errors` renamed (a backend's request field -> the REST
+        field the caller wrote, e.g. "after_sequence" -> "after"), `detail` following. Returns self."""
+        renamed = [
+            ProblemFieldError(field=names.get(error.field, error.field), detail=error.detail)
+            for error in self.errors
+        ]
+        if renamed != self.errors:
+            self.errors = renamed
+            self.detail = "; ".join(f"{e.field}: {e.detail}" for e in renamed)
+        return self
+
+    def as_invalid_request(self, field: str) -> ProblemError:
+        """A 422 naming `field` becomes 400 invalid-request (a value the caller did not make up,
+        such as a page_token this API handed out, is wrong: the request, not a field, is bad).
+        Anything else is returned unchanged. Returns self."""
+        if self.status == 422 and any(error.field == field for error in self.errors):
+            self.status = self.status_code = 400
+            self.type = PROBLEM_TYPE_BASE + "invalid-request"
+            self.title = "Invalid request"
+        return self
 
 
 def problem_response(error: ProblemError, instance: str) -> Response:
@@ -281,7 +318,9 @@ def problem_for_grpc_status(
     """The problem for a failed call to backend `service` (pure: the caller extracts `status`, the
     rich google.rpc.Status, from the call's trailers; None when there was none).
 
-    Field violations become `errors` with JSON field names (json_field_of). Messages of 4xx-class
+    Field violations become `errors` with JSON field names (json_field_of); PreconditionFailure
+    violations follow them (`field` = the violation's subject), and with reason
+    THREAD_METADATA_INCOMPLETE their subjects are the problem's `missing_fields`. Messages of 4xx-class
     codes are passed on (they are written for callers); 5xx-class ones are not (they can carry
     internal addresses or exception text) and are logged instead.
     """
@@ -299,8 +338,20 @@ def problem_for_grpc_status(
     violations = field_violations_of(status) if status is not None else []
     errors = [ProblemFieldError(field=json_field_of(v.field), detail=v.description) for v in violations]
     detail = "; ".join(f"{e.field}: {e.detail}" for e in errors) if errors else message or code.name
+    preconditions = precondition_violations_of(status) if status is not None else []
+    errors += [ProblemFieldError(field=v.subject or v.type, detail=v.description) for v in preconditions]
+    missing = [v.subject for v in preconditions] if reason == THREAD_METADATA_INCOMPLETE else None
     headers = {"Retry-After": str(retry_after_seconds)} if http_status == 429 else None
-    return ProblemError(http_status, slug, detail, title=title, errors=errors, reason=reason, headers=headers)
+    return ProblemError(
+        http_status,
+        slug,
+        detail,
+        title=title,
+        errors=errors,
+        reason=reason,
+        headers=headers,
+        missing_fields=missing,
+    )
 
 
 def problem_for_rpc_error(
@@ -353,19 +404,34 @@ def install_problem_handlers(app: FastAPI) -> None:
 class BodySizeLimit:
     """ASGI middleware: request bodies over `max_bytes` get 413 problem+json. A declared
     Content-Length over the limit is refused before anything is read; a chunked body is counted
-    as it is read and refused once it passes the limit."""
+    as it is read and refused once it passes the limit.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    `larger` raises the limit for some paths: (a regular expression the whole path matches, its
+    limit in bytes), the first match winning; e.g. a chat message of up to 100,000 characters,
+    which a 64 KiB limit would cut short of the route's own 422 naming `text`."""
+
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, larger: Sequence[tuple[re.Pattern[str], int]] = ()
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = tuple(larger)
+
+    def limit_for(self, path: str) -> int:
+        """The body limit of a request to `path`, in bytes."""
+        for pattern, max_bytes in self.larger:
+            if pattern.fullmatch(path):
+                return max(max_bytes, self.max_bytes)
+        return self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.limit_for(scope["path"])
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await problem_response(content_too_large(self.max_bytes), scope["path"])(scope, receive, send)
+        if declared is not None and declared > max_bytes:
+            await problem_response(content_too_large(max_bytes), scope["path"])(scope, receive, send)
             return
         received = 0
 
@@ -374,8 +440,8 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise content_too_large(self.max_bytes)
+                if received > max_bytes:
+                    raise content_too_large(max_bytes)
             return message
 
         await self.app(scope, limited_receive, send)

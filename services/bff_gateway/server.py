@@ -27,7 +27,7 @@ from services.bff_gateway.clients import (
 )
 from services.bff_gateway.problems import BodySizeLimit, install_problem_handlers, use_problem_media_type
 from services.bff_gateway.request_body import add_body_schemas
-from services.bff_gateway.routers import conversations, handoff, health, threads, workers
+from services.bff_gateway.routers import chat, conversations, handoff, health, threads, workers
 from services.bff_gateway.routers.events import EventHub
 from services.bff_gateway.settings import GatewaySettings, split_host_port
 from services.bff_gateway.state import GatewayState
@@ -103,7 +103,11 @@ def create_app(
     )
     app.state.gateway = state
     install_problem_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_body_bytes,
+        larger=[(chat.MESSAGES_PATH, chat.MESSAGE_BODY_MAX_BYTES)],
+    )
     app.include_router(health.router)
     app.include_router(workers.router)
     app.include_router(threads.router)

@@ -5,7 +5,7 @@
 | BOSS_GATEWAY_LISTEN | 127.0.0.1:8080 | where the HTTP server binds |
 | BOSS_CONTEXT_BUDGET_ADDRESS | 127.0.0.1:50051 | gRPC target of context_budget |
 | BOSS_AUTH_SECRET | $BOSS_DATA_DIR/auth-secret | HS256 key that signs and verifies tokens |
-| BOSS_GATEWAY_MAX_BODY_BYTES | 65536 | request bodies over this get 413 |
+| BOSS_GATEWAY_MAX_BODY_BYTES | 65536 | request bodies over this get 413 (a chat send: 800,000) |
 | BOSS_GATEWAY_RPC_TIMEOUT_SECONDS | 5 | deadline of each backend call |
 """
 

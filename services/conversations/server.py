@@ -5,7 +5,7 @@ Configuration (besides services/shared/config.py):
 
 | variable | default | meaning |
 |---|---|---|
-| BOSS_CONVERSATIONS_FOLLOW_SCHEDULER | true | follow the scheduler's events (handoff state, strategy) |
+| BOSS_CONVERSATIONS_FOLLOW_SCHEDULER | true | follow the scheduler's events (handoff, strategy, chat tasks) |
 | BOSS_DEFAULT_OWNER_ID | local | owner of threads registered without one and of auto-imported threads |
 """
 
@@ -23,7 +23,9 @@ from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
 from boss.conversations.v1 import conversations_pb2_grpc
 
 from services.conversations.adapters.tables import event_cursors, metadata
-from services.conversations.service import ConversationsHandlers
+from services.conversations.chat.handlers import TASK_STATUS_CHANGED
+from services.conversations.domain.model import SCHEDULER_HANDOFF_EVENTS
+from services.conversations.service import STRATEGY_UPDATED_EVENT, ConversationsHandlers
 from services.conversations.servicer import SERVICE_NAME, ConversationsServicer
 from services.shared import config
 from services.shared.auth import TokenAuthority, bearer_metadata
@@ -41,6 +43,10 @@ CONTEXT_BUDGET_STREAM = "context_budget"
 SCHEDULER_STREAM = "scheduler"
 # The context_budget event types the projection applies (ConversationsHandlers.apply_budget_events).
 CONTEXT_BUDGET_TYPES = ["thread.context.updated"]
+# The scheduler event types the service applies (ConversationsHandlers.apply_scheduler_events): the
+# handoff events, the strategy summary and chat tasks' status changes. `thread.schedule.updated`,
+# the bulk of the stream, is left at the source.
+SCHEDULER_TYPES = [*SCHEDULER_HANDOFF_EVENTS, STRATEGY_UPDATED_EVENT, TASK_STATUS_CHANGED]
 
 
 async def migrate(url: str, schema: str = SCHEMA) -> None:
@@ -81,7 +87,9 @@ def context_budget_opener(address: str, token: str) -> StreamOpener:
 
 
 def scheduler_opener(address: str, token: str) -> StreamOpener:
-    """Opens the scheduler's WatchEvents after a sequence (imported lazily: optional contract)."""
+    """Opens the scheduler's WatchEvents after a sequence for the SCHEDULER_TYPES (imported lazily:
+    optional contract). As for context_budget's stream, the cursor then advances over those types
+    only, which loses nothing."""
     from boss.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
     channel = grpc.aio.insecure_channel(address)
@@ -89,7 +97,8 @@ def scheduler_opener(address: str, token: str) -> StreamOpener:
 
     async def open_stream(after: int) -> AsyncIterator[Sequence[events_pb2.EventEnvelope]]:
         call = stub.WatchEvents(
-            scheduler_pb2.WatchEventsRequest(after_sequence=after), metadata=bearer_metadata(token)
+            scheduler_pb2.WatchEventsRequest(after_sequence=after, types=SCHEDULER_TYPES),
+            metadata=bearer_metadata(token),
         )
         async for response in call:
             yield response.events

@@ -18,8 +18,10 @@ Published event types (payloads always carry `owner_id`, so streams can be filte
   thread_id, project_ids, handoff_status, handoff_package_id, handoff_reason (in words),
   to_thread_id.
 - `conversation.updated`: created, pinned, renamed, archived (payload `change` and `conversation`).
-- `conversation.message.created`: a stored message (payload `message`, `latest_reply_at`).
 - `thread.registered`: a thread was registered (payload thread metadata and `project_id`).
+
+Messages and chat (`conversation.message.created`, `task.requested`, `task.updated`) are the chat
+sub-package's (services/conversations/chat/handlers.py), reached through `ConversationsHandlers.chat`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from services.conversations.adapters.repository import (
     stored_reading_order,
     view_of,
 )
+from services.conversations.chat.handlers import TASK_STATUS_CHANGED, ChatHandlers
 from services.conversations.domain.model import (
     GROUP,
     HANDOFF_NONE,
@@ -77,7 +80,6 @@ from services.conversations.domain.model import (
 from services.conversations.domain.validation import (
     check_group_threads,
     check_id,
-    check_message,
     check_page_size,
     check_title,
     raise_if_any,
@@ -103,7 +105,6 @@ HANDOFF_REQUIRED_EVENT = "thread.handoff.required"
 HANDOFF_READY_EVENT = "thread.handoff.ready"
 STRATEGY_UPDATED_EVENT = "project.context_strategy.updated"
 CONVERSATION_UPDATED = "conversation.updated"
-MESSAGE_CREATED = "conversation.message.created"
 THREAD_REGISTERED = "thread.registered"
 
 DEFAULT_PAGE_SIZE = 50
@@ -275,6 +276,7 @@ class ConversationsHandlers:
         self.event_log = event_log
         self.default_owner_id = default_owner_id
         self.page_tokens = page_tokens or PageTokenCodec(secrets.token_urlsafe(32), "conversations")
+        self.chat = ChatHandlers(database, event_log, self.page_tokens)
 
     # --- writes -------------------------------------------------------------------------------------
 
@@ -533,53 +535,6 @@ class ConversationsHandlers:
         self.event_log.kick(appended)
         return detail
 
-    async def add_message(
-        self, owner: str, project_id: str, author_kind: str, thread_id: str, text: str
-    ) -> Row:
-        """Stores a message and moves the conversation's latest_reply_at to now (UTC).
-
-        Raises InvalidArgument (author_kind, text, thread_id) and NotFound (project)."""
-        violations: list[FieldViolation] = []
-        check_message(author_kind, text, violations)
-        check_id("thread_id", thread_id, violations, required=author_kind == "thread")
-        raise_if_any(violations)
-        now = utc_now()
-        async with self.database.transaction() as connection:
-            repository = SqlAlchemyConversationsRepository(connection)
-            project = await self._owned_project(repository, owner, project_id)
-            message_id = f"msg-{uuid.uuid4().hex}"
-            values = {
-                "message_id": message_id,
-                "project_id": project["project_id"],
-                "author_kind": author_kind,
-                "thread_id": thread_id,
-                "text": text,
-                "created_at": now,
-            }
-            await repository.insert_message(values)
-            await repository.update_project(
-                project["project_id"], {"latest_reply_at": now, "sort_at": now, "updated_at": now}
-            )
-            appended = await self.event_log.append(
-                connection,
-                [
-                    NewEvent(
-                        MESSAGE_CREATED,
-                        {
-                            "owner_id": owner,
-                            "project_id": project["project_id"],
-                            "conversation_id": conversation_id_of(project["project_id"]),
-                            "latest_reply_at": isoformat_utc(now),
-                            "message": {**values, "created_at": isoformat_utc(now)},
-                        },
-                        thread_id=thread_id,
-                        project_id=project["project_id"],
-                    )
-                ],
-            )
-        self.event_log.kick(appended)
-        return values  # type: ignore[return-value]
-
     # --- reads --------------------------------------------------------------------------------------
 
     async def list_conversations(self, owner: str, page_size: int, page_token: str) -> tuple[list[Row], str]:
@@ -641,33 +596,6 @@ class ConversationsHandlers:
         return ThreadBudgetView(
             thread, view, wrap_up_checklist(view.budget, view.handoff_status, done, details), project_ids
         )
-
-    async def list_messages(
-        self, owner: str, project_id: str, page_size: int, page_token: str
-    ) -> tuple[list[Row], str]:
-        """A project's messages, oldest first. InvalidArgument (page_size, page_token); NotFound."""
-        violations: list[FieldViolation] = []
-        size = check_page_size(page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, violations)
-        after_id = 0
-        filters = fingerprint("messages", project_id, owner)
-        if page_token:
-            try:
-                (position,) = self.page_tokens.decode(page_token, filters)
-                after_id = int(position)
-            except InvalidArgument as error:
-                violations.extend(error.violations)
-            except ValueError:
-                violations.append(FieldViolation("page_token", "is malformed"))
-        raise_if_any(violations)
-        async with self.database.read() as connection:
-            repository = SqlAlchemyConversationsRepository(connection)
-            project = await self._owned_project(repository, owner, project_id)
-            rows = await repository.messages_after(project["project_id"], after_id, size + 1)
-        next_token = ""
-        if len(rows) > size:
-            rows = rows[:size]
-            next_token = self.page_tokens.encode([str(rows[-1]["id"])], filters)
-        return rows, next_token
 
     async def _owned_project(
         self, repository: SqlAlchemyConversationsRepository, owner: str, project_id: str
@@ -901,12 +829,19 @@ class ConversationsHandlers:
         thread shows change nothing. A required or ready event for a thread not known yet (its first
         budget event is still behind on the other stream) imports the thread for the default owner,
         as a budget event would, so the handoff state is not lost; consumed / expired for an unknown
-        thread are skipped. `thread.schedule.updated` and other types only advance the cursor.
+        thread are skipped.
+        - `task.status_changed` (the scheduler's Task as JSON): a chat task's status; applied by
+          `ChatHandlers.apply_task_events` (task row, `task.updated`, and on its first terminal
+          status the one message that ends it).
+
+        `thread.schedule.updated` and other types only advance the cursor.
         """
         repository = SqlAlchemyConversationsRepository(connection)
         published: list[NewEvent] = []
         for event in batch:
-            if event.type == STRATEGY_UPDATED_EVENT:
+            if event.type == TASK_STATUS_CHANGED:
+                published += await self.chat.apply_task_events(connection, [event])
+            elif event.type == STRATEGY_UPDATED_EVENT:
                 published += await self._apply_strategy(repository, event)
             elif event.type in SCHEDULER_HANDOFF_EVENTS:
                 published += await self._apply_handoff(connection, repository, event)

@@ -2,7 +2,9 @@
 
 Owner rule: a client token acts for its own `owner_id` (the request's owner_id is ignored); a service
 token names the owner in the request (empty: the default owner). Another owner's data is NOT_FOUND,
-answered exactly as an unknown id (reason THREAD_NOT_FOUND or PROJECT_NOT_FOUND).
+answered exactly as an unknown id (reason THREAD_NOT_FOUND, PROJECT_NOT_FOUND or TASK_NOT_FOUND).
+Messages and chat tasks are the chat sub-package's (`ConversationsHandlers.chat`, conversions in
+chat/proto_mapping.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from boss.conversations.v1 import conversations_pb2 as pb
 from boss.conversations.v1 import conversations_pb2_grpc
 
 from services.conversations.adapters.repository import indicator_of
+from services.conversations.chat.proto_mapping import chat_task_message, gate_message, message_message
 from services.conversations.domain.model import (
     GROUP,
     MASTER_AGENT,
@@ -135,18 +138,6 @@ def budget_message(view: ThreadBudgetView) -> pb.ThreadContextBudget:
         handoff_package_id=view.thread["handoff_package_id"],
         handoff_reason=view.thread["handoff_reason"],
         project_ids=view.project_ids,
-    )
-
-
-def message_message(row: Mapping[Any, Any]) -> pb.Message:
-    """A stored message."""
-    return pb.Message(
-        message_id=row["message_id"],
-        project_id=row["project_id"],
-        author_kind=row["author_kind"],
-        thread_id=row["thread_id"],
-        text=row["text"],
-        created_at=to_timestamp(row["created_at"]),
     )
 
 
@@ -284,7 +275,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
     ) -> pb.AddMessageResponse:
         """Stores a message."""
         principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_WRITE)
-        row = await self._handlers.add_message(
+        row = await self._handlers.chat.add_message(
             self._owner(principal, request.owner_id),
             request.project_id,
             request.author_kind,
@@ -294,18 +285,61 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         return pb.AddMessageResponse(message=message_message(row))
 
     @translate_errors
+    async def PostMessage(
+        self, request: pb.PostMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PostMessageResponse:
+        """A user sends a message to a project's thread (ChatHandlers.post_message). Client and
+        service tokens only (worker tokens lack conversations:write: PERMISSION_DENIED)."""
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_WRITE)
+        sent = await self._handlers.chat.post_message(
+            self._owner(principal, request.owner_id),
+            request.project_id,
+            request.text,
+            request.client_message_id,
+        )
+        return pb.PostMessageResponse(
+            message=message_message(sent.message),
+            task=chat_task_message(sent.task) if sent.task is not None else None,
+            collaboration_gate=gate_message(sent.gate),
+            created=sent.created,
+        )
+
+    @translate_errors
     async def ListMessages(
         self, request: pb.ListMessagesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListMessagesResponse:
-        """A project's messages."""
+        """A project's messages, oldest first, after `after_sequence` when set."""
         principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_READ)
-        rows, token = await self._handlers.list_messages(
+        rows, token = await self._handlers.chat.list_messages(
             self._owner(principal, request.owner_id),
             request.project_id,
             request.page_size,
             request.page_token,
+            request.after_sequence,
         )
         return pb.ListMessagesResponse(messages=[message_message(row) for row in rows], next_page_token=token)
+
+    @translate_errors
+    async def GetChatTask(
+        self, request: pb.GetChatTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetChatTaskResponse:
+        """One chat task and its project's gate (ChatHandlers.get_task)."""
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_READ)
+        view = await self._handlers.chat.get_task(self._owner(principal, request.owner_id), request.task_id)
+        return pb.GetChatTaskResponse(
+            task=chat_task_message(view.task), collaboration_gate=gate_message(view.gate)
+        )
+
+    @translate_errors
+    async def RetryChatTask(
+        self, request: pb.RetryChatTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RetryChatTaskResponse:
+        """Retries a task that ended without a reply (ChatHandlers.retry_task)."""
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_WRITE)
+        view = await self._handlers.chat.retry_task(self._owner(principal, request.owner_id), request.task_id)
+        return pb.RetryChatTaskResponse(
+            task=chat_task_message(view.task), collaboration_gate=gate_message(view.gate)
+        )
 
     @translate_errors
     async def ListEvents(

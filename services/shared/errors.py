@@ -68,17 +68,22 @@ class InvalidArgument(BossError):
 
     def to_status(self) -> status_pb2.Status:
         status = super().to_status()
-        bad_request = any_pb2.Any()
-        bad_request.Pack(
-            error_details_pb2.BadRequest(
-                field_violations=[
-                    error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-                    for v in self.violations
-                ]
-            )
-        )
-        status.details.append(bad_request)
+        status.details.append(_bad_request(self.violations))
         return status
+
+
+def _bad_request(violations: list[FieldViolation]) -> any_pb2.Any:
+    """A google.rpc.BadRequest detail naming `violations`, packed."""
+    bad_request = any_pb2.Any()
+    bad_request.Pack(
+        error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                for v in violations
+            ]
+        )
+    )
+    return bad_request
 
 
 class PermissionDenied(BossError):
@@ -103,19 +108,72 @@ class NotFound(BossError):
     reason = "NOT_FOUND"
 
 
+@dataclass(frozen=True)
+class PreconditionViolation:
+    """One unmet precondition (google.rpc.PreconditionFailure.Violation): `type` its kind (e.g.
+    "THREAD_METADATA"), `subject` what is missing or wrong (e.g. the field "codexThreadRef"),
+    `description` in words how to fix it."""
+
+    type: str
+    subject: str
+    description: str
+
+
 class FailedPrecondition(BossError):
     """The resource is not in a state that allows this (FAILED_PRECONDITION), e.g. an illegal
-    status transition."""
+    status transition. `violations`, when given, name each unmet precondition; the status then
+    carries them as a google.rpc.PreconditionFailure detail after the ErrorInfo."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
     reason = "FAILED_PRECONDITION"
 
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str | None = None,
+        violations: list[PreconditionViolation] | None = None,
+    ) -> None:
+        super().__init__(message, reason=reason)
+        self.violations = list(violations or [])
+
+    def to_status(self) -> status_pb2.Status:
+        status = super().to_status()
+        if self.violations:
+            failure = any_pb2.Any()
+            failure.Pack(
+                error_details_pb2.PreconditionFailure(
+                    violations=[
+                        error_details_pb2.PreconditionFailure.Violation(
+                            type=v.type, subject=v.subject, description=v.description
+                        )
+                        for v in self.violations
+                    ]
+                )
+            )
+            status.details.append(failure)
+        return status
+
 
 class AlreadyExists(BossError):
-    """The resource exists already (ALREADY_EXISTS)."""
+    """The resource exists already (ALREADY_EXISTS). `violations`, when given, name the request
+    fields that clash with what exists (packed as a google.rpc.BadRequest after the ErrorInfo, so
+    clients name the field as they do for bad input)."""
 
     code = grpc.StatusCode.ALREADY_EXISTS
     reason = "ALREADY_EXISTS"
+
+    def __init__(
+        self, message: str, *, reason: str | None = None, violations: list[FieldViolation] | None = None
+    ) -> None:
+        super().__init__(message, reason=reason)
+        self.violations = list(violations or [])
+
+    def to_status(self) -> status_pb2.Status:
+        status = super().to_status()
+        if self.violations:
+            status.details.append(_bad_request(self.violations))
+        return status
 
 
 def grpc_status_of(error: BossError) -> grpc.Status:
@@ -136,6 +194,19 @@ def field_violations_of(status: status_pb2.Status) -> list[FieldViolation]:
             bad_request = error_details_pb2.BadRequest()
             detail.Unpack(bad_request)
             violations.extend(FieldViolation(v.field, v.description) for v in bad_request.field_violations)
+    return violations
+
+
+def precondition_violations_of(status: status_pb2.Status) -> list[PreconditionViolation]:
+    """The PreconditionFailure violations inside a google.rpc.Status (empty when none)."""
+    violations: list[PreconditionViolation] = []
+    for detail in status.details:
+        if detail.Is(error_details_pb2.PreconditionFailure.DESCRIPTOR):
+            failure = error_details_pb2.PreconditionFailure()
+            detail.Unpack(failure)
+            violations.extend(
+                PreconditionViolation(v.type, v.subject, v.description) for v in failure.violations
+            )
     return violations
 
 

@@ -1,6 +1,6 @@
 """Conversation endpoints (SPEC CB-12..CB-14, CB-16) over the conversations service, and the wiring
-of the conversations features into a gateway app (`install`: these routes, the SSE stream and the
-web console).
+of the conversations features into a gateway app (`install`: these routes, the chat routes, the SSE
+stream and the web console).
 
 | method and path | what |
 |---|---|
@@ -295,15 +295,15 @@ def conversations_client(request: Request) -> ConversationsClient:
 
 
 def install(app: FastAPI, channel: grpc.aio.Channel | None = None) -> None:
-    """Adds the conversation routes, the SSE stream (routers/events.py) and the web console at
-    /console (with / redirecting there) to a gateway app.
+    """Adds the conversation routes, the chat routes (routers/chat.py), the SSE stream
+    (routers/events.py) and the web console at /console (with / redirecting there) to a gateway app.
 
     Args:
         app: the app from create_app (its `state.gateway` holds settings and the token authority).
         channel: a channel to conversations owned by the caller; None opens one on first use to
             BOSS_CONVERSATIONS_ADDRESS (default 127.0.0.1:50053).
     """
-    from services.bff_gateway.routers import events
+    from services.bff_gateway.routers import chat, events
 
     settings = app.state.gateway.settings
     slot = ChannelSlot(target=config.service_address("conversations"), channel=channel)
@@ -312,6 +312,7 @@ def install(app: FastAPI, channel: grpc.aio.Channel | None = None) -> None:
     )
     app.state.event_hub = events.EventHub(app.state.conversations, app.state.gateway.authority)
     app.include_router(router)
+    app.include_router(chat.router)
     app.include_router(events.router)
     app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
 
@@ -357,10 +358,7 @@ async def list_conversations(
             caller.token,
         )
     except ProblemError as problem:
-        if problem.status == 422 and any(e.field == "page_token" for e in problem.errors):
-            problem.status = problem.status_code = 400
-            problem.type = problem.type.replace("validation-error", "invalid-request")
-            problem.title = "Invalid request"
+        problem.as_invalid_request("page_token")
         raise
     return ConversationPage(
         conversations=[ConversationView(**conversation_view(row)) for row in response.conversations],

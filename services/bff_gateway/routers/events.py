@@ -1,9 +1,16 @@
 """`GET /api/v1/events`: the conversations event stream as Server-Sent Events (SPEC CB-15).
 
 Each SSE event is one committed event of the conversations context: `event:` its type, `id:` its
-sequence, `data:` its JSON payload. Resume (WHATWG HTML §9.2.4): a client that reconnects with
-`Last-Event-ID: n` (or `?last_event_id=n` on its first connect) gets exactly the events after n,
-nothing missed, nothing repeated. Rules:
+sequence, `data:` its JSON payload plus `sequence` and `occurred_at`. Resume (WHATWG HTML §9.2.4):
+a client that reconnects with `Last-Event-ID: n` (or `?last_event_id=n` on its first connect) gets
+exactly the events after n, nothing missed, nothing repeated. Rules:
+
+- Chat events carry the REST shapes, converted by the same functions as the REST answers
+  (chat/mapping.py): `conversation.message.created` has `message` as `GET
+  /api/v1/projects/{id}/messages` answers it (MessageView, with the message's own `sequence` in its
+  conversation); `task.updated` has `task` and `collaborationGate` as `GET /api/v1/tasks/{id}`
+  answers them. `task.requested` (the scheduler's: it carries the instruction text) is never sent;
+  the ids of the events around it are unchanged, so a resume across it misses nothing else.
 
 - Auth: `Authorization: Bearer` or `?access_token=` (EventSource cannot set headers); the token
   needs "events:read". A client sees only its own owner's events.
@@ -38,7 +45,9 @@ from boss.common.v1 import events_pb2
 from boss.conversations.v1 import conversations_pb2 as pb
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
+from google.protobuf import json_format
 
+from services.bff_gateway.chat.mapping import INTERNAL_EVENT_TYPES, client_event_data
 from services.bff_gateway.problems import (
     ProblemError,
     error_responses,
@@ -63,13 +72,15 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class HubEvent:
-    """One event as the hub hands it out: sequence, type, owner and the ready-to-send SSE frame.
+    """One event as the hub hands it out: sequence, type, owner, whether SSE clients may get it,
+    and the ready-to-send SSE frame.
 
     The frame is built on first use and then shared by every subscriber, so an event no connected
-    client may see (another owner's) costs only the payload parse that finds its owner.
+    client may see (another owner's, or an internal one) costs only the payload parse that finds
+    its owner.
     """
 
-    __slots__ = ("_envelope", "_frame", "_payload", "owner_id", "sequence", "type")
+    __slots__ = ("_envelope", "_frame", "_payload", "for_clients", "owner_id", "sequence", "type")
 
     def __init__(self, envelope: events_pb2.EventEnvelope, payload: dict[str, Any]) -> None:
         self._envelope = envelope
@@ -78,13 +89,23 @@ class HubEvent:
         self.sequence = int(envelope.sequence)
         self.type = envelope.type
         self.owner_id = str(payload.get("owner_id") or "")
+        self.for_clients = self.type not in INTERNAL_EVENT_TYPES
 
     @property
     def frame(self) -> bytes:
-        """The SSE frame: the payload plus `sequence` and `occurred_at` as data."""
+        """The SSE frame: the client data of the payload (client_event_data) plus `sequence` and
+        `occurred_at`. A chat payload the gateway cannot convert is logged and sent as it is,
+        never dropped (the client would miss it for good)."""
         if self._frame is None:
+            try:
+                converted = client_event_data(self.type, self._payload)
+            except (ValueError, json_format.ParseError):  # pydantic's ValidationError is a ValueError
+                log.exception(
+                    "event %d (%s) has a payload the gateway cannot convert", self.sequence, self.type
+                )
+                converted = None
             data = {
-                **self._payload,
+                **(converted if converted is not None else self._payload),
                 "sequence": self.sequence,
                 "occurred_at": isoformat_utc(from_timestamp(self._envelope.occurred_at)),
             }
@@ -194,12 +215,14 @@ class EventHub:
                 subscriber.close()
 
     def publish(self, event: HubEvent) -> None:
-        """Hands an event to every subscriber and advances the position."""
+        """Hands an event to every subscriber that may see it (none for an internal event) and
+        advances the position."""
         if event.sequence <= self.position:
             return
-        for owner in (event.owner_id, None):
-            for subscriber in list(self._subscribers.get(owner, ())):
-                subscriber.offer(event)
+        if event.for_clients:
+            for owner in (event.owner_id, None):
+                for subscriber in list(self._subscribers.get(owner, ())):
+                    subscriber.offer(event)
         self.position = event.sequence
 
     async def _follow(self) -> None:
@@ -285,10 +308,11 @@ async def _backfill(client: Any, token: str, after: int, until: int) -> AsyncIte
         page = await client.call(
             "ListEvents", pb.ListEventsRequest(after_sequence=cursor, page_size=BACKFILL_PAGE), token
         )
-        frames = [hub_event(envelope).frame for envelope in page.events if envelope.sequence <= until]
+        events = [hub_event(envelope) for envelope in page.events if envelope.sequence <= until]
+        frames = [event.frame for event in events if event.for_clients]
         if frames:
             yield b"".join(frames)
-        if len(frames) < len(page.events) or page.scanned_through_sequence <= cursor:
+        if len(events) < len(page.events) or page.scanned_through_sequence <= cursor:
             return
         cursor = int(page.scanned_through_sequence)
 
@@ -316,8 +340,9 @@ async def stream_events(
 ) -> StreamingResponse:
     """Event types: conversation.context_indicator.updated, project.context_risk.updated,
     thread.handoff.required, thread.handoff.ready (CB-15), conversation.updated,
-    conversation.message.created, thread.registered, plus stream.opened and stream.resync.
-    See the module docstring for resume, heartbeat and error rules."""
+    conversation.message.created (`message`: a MessageView), task.updated (`task`: a ChatTaskView,
+    and `collaborationGate`), thread.registered, plus stream.opened and stream.resync; never
+    task.requested. See the module docstring for resume, heartbeat and error rules."""
     principal, token = _verify(request, authorization, access_token)
     resume_from = _parse_last_event_id(last_event_id_header, last_event_id)
     hub: EventHub = request.app.state.event_hub

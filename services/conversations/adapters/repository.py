@@ -12,7 +12,7 @@ import orjson
 from sqlalchemy import ARRAY, String, and_, any_, bindparam, false, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.conversations.adapters.tables import messages, project_threads, projects, threads
+from services.conversations.adapters.tables import project_threads, projects, threads
 from services.conversations.domain.model import (
     HANDOFF_NONE,
     Indicator,
@@ -512,20 +512,6 @@ class SqlAlchemyConversationsRepository:
             projects.c.manual_pinned.desc(), projects.c.sort_at.desc(), projects.c.project_id.desc()
         ).limit(limit)
         return list((await self.connection.execute(query)).mappings())
-
-    async def insert_message(self, values: dict[str, Any]) -> None:
-        """Stores one message."""
-        await self.connection.execute(insert(messages).values(values))
-
-    async def messages_after(self, project_id: str, after_id: int, limit: int) -> list[Row]:
-        """Up to `limit` messages of a project with internal id > after_id, oldest first."""
-        result = await self.connection.execute(
-            select(messages)
-            .where(messages.c.project_id == project_id, messages.c.id > after_id)
-            .order_by(messages.c.id)
-            .limit(limit)
-        )
-        return list(result.mappings())
 
     async def count_projects(self, owner_id: str) -> int:
         """How many live projects the owner has."""

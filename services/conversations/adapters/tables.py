@@ -3,6 +3,7 @@
 `projects` holds the home-list rows *ready to serve*: the ring's figures are denormalised onto the
 row (`indicator_*`) by the projection, so listing needs one indexed query and no cross-service call.
 `threads` holds registered metadata plus the latest budget and handoff state of each thread.
+`messages`, `message_sequences` and `chat_tasks` are chat's (services/conversations/chat).
 """
 
 from __future__ import annotations
@@ -110,7 +111,57 @@ messages = Table(
     Column("thread_id", String(200), nullable=False, default=""),
     Column("text", Text, nullable=False),
     Column("created_at", UtcDateTime, nullable=False),
+    # Position in its conversation: 1, 2, 3 ... without gaps, taken from `message_sequences` in the
+    # writing transaction (migration 0003 numbered the messages stored before).
+    Column("sequence", BigInteger, nullable=False),
+    # The client's idempotency key of a message sent with PostMessage; NULL otherwise (so the unique
+    # index below holds only the keyed ones).
+    Column("client_message_id", String(200), nullable=True),
+    # The task the message requested (user message) or ended (reply or system message); "" if none.
+    Column("task_id", String(64), nullable=False, default="", server_default=""),
     Index("ix_messages_project", "project_id", "id"),
+    Index("ux_messages_project_sequence", "project_id", "sequence", unique=True),
+    Index("ux_messages_client_message", "project_id", "client_message_id", unique=True),
+)
+
+# One row per conversation that has messages: the last sequence handed out. Writers take the next one
+# with one upsert, whose row lock (held until commit) orders a conversation's writers, so sequences
+# become visible in order and never collide.
+message_sequences = Table(
+    "message_sequences",
+    metadata,
+    Column("project_id", String(200), primary_key=True),
+    Column("last_sequence", BigInteger, nullable=False),
+)
+
+# The conversation's projection of the scheduler's tasks (ChatTask): created with the message that
+# requests it, kept from the scheduler's `task.status_changed` events.
+chat_tasks = Table(
+    "chat_tasks",
+    metadata,
+    Column("task_id", String(64), primary_key=True),
+    Column("owner_id", String(200), nullable=False),
+    Column("task_type", String(30), nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("project_id", String(200), nullable=False),
+    Column("target_project_id", String(200), nullable=False),
+    Column("target_thread_id", String(200), nullable=False),
+    Column("device_id", String(200), nullable=False),
+    Column("codex_folder_ref", Text, nullable=False),
+    Column("codex_thread_ref", Text, nullable=False),
+    Column("request_message_id", String(64), nullable=False),
+    Column("result_message_id", String(64), nullable=False),
+    Column("failure_kind", String(40), nullable=False),
+    Column("status_detail", Text, nullable=False),
+    Column("device_last_seen_at", UtcDateTime, nullable=True),
+    Column("retry_of_task_id", String(64), nullable=False),
+    Column("retried_by_task_id", String(64), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    # The scheduler's `updated_at` of the last status report applied (orders reports).
+    Column("scheduler_updated_at", UtcDateTime, nullable=True),
+    Index("ix_chat_tasks_thread_status", "target_thread_id", "status"),
+    Index("ix_chat_tasks_request_message", "request_message_id"),
 )
 
 outbox_events, outbox_sequencer, event_cursors = define_outbox_tables(metadata)

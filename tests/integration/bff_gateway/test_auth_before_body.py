@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from services.bff_gateway.chat.schemas import SendMessageBody
 from services.bff_gateway.clients import ChannelSlot
 from services.bff_gateway.routers.conversations import CreateGroupBody, RenameBody
 from services.bff_gateway.routers.handoff import ConsumeRequest
@@ -61,6 +62,13 @@ ROUTES_WITH_A_BODY = [
     ),
     BodyRoute("POST", "/api/v1/projects", "/api/v1/projects", WORKER, CreateGroupBody),
     BodyRoute("PATCH", "/api/v1/projects/proj-1", "/api/v1/projects/{project_id}", WORKER, RenameBody),
+    BodyRoute(
+        "POST",
+        "/api/v1/projects/proj-1/messages",
+        "/api/v1/projects/{project_id}/messages",
+        WORKER,
+        SendMessageBody,
+    ),
     BodyRoute(
         "POST",
         "/api/v1/handoff-packages/hp-1/consume",

@@ -1,5 +1,6 @@
-"""Schemathesis over the gateway's conversation endpoints (in-process over ASGI): generated valid
-and invalid requests never get a 5xx, every status is documented, every body matches its schema.
+"""Schemathesis over the gateway's conversation and chat endpoints (in-process over ASGI): generated
+valid and invalid requests never get a 5xx, every status is documented, every body matches its
+schema.
 
 The conversations service (SQLite, with a few registered threads and budgets) runs in a background
 thread with its own event loop, because schemathesis drives the app from its own loop. The SSE
@@ -39,6 +40,9 @@ PATHS = [
     "/api/v1/projects/{project_id}/pin",
     "/api/v1/threads/{thread_id}/context-summary",
     "/api/v1/threads/{thread_id}/archive",
+    "/api/v1/projects/{project_id}/messages",
+    "/api/v1/tasks/{task_id}",
+    "/api/v1/tasks/{task_id}/retry",
 ]
 
 

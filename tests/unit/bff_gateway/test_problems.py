@@ -3,11 +3,15 @@ and the OpenAPI rewrite to application/problem+json."""
 
 from __future__ import annotations
 
+import re
+
 import grpc
 import pytest
 
 from services.bff_gateway.problems import (
     PROBLEM_TYPE_BASE,
+    BodySizeLimit,
+    ProblemError,
     ProblemFieldError,
     problem_for_boss_error,
     problem_for_grpc_status,
@@ -15,11 +19,13 @@ from services.bff_gateway.problems import (
     use_problem_media_type,
 )
 from services.shared.errors import (
+    AlreadyExists,
     FailedPrecondition,
     FieldViolation,
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    PreconditionViolation,
     Unauthenticated,
 )
 
@@ -201,3 +207,87 @@ def test_openapi_error_bodies_are_declared_as_problem_json() -> None:
     assert list(responses["200"]["content"]) == ["application/json"]
     assert list(responses["404"]["content"]) == ["application/problem+json"]
     assert list(responses["503"]["content"]) == ["application/problem+json"]
+
+
+def test_incomplete_thread_metadata_names_each_missing_field() -> None:
+    status = FailedPrecondition(
+        "the thread's metadata is incomplete: deviceId, codexThreadRef",
+        reason="THREAD_METADATA_INCOMPLETE",
+        violations=[
+            PreconditionViolation("THREAD_METADATA", "deviceId", "register the thread from its node"),
+            PreconditionViolation("THREAD_METADATA", "codexThreadRef", "the thread has no Codex session id"),
+        ],
+    ).to_status()
+
+    problem = problem_for_grpc_status(
+        "conversations", grpc.StatusCode.FAILED_PRECONDITION, status.message, status
+    )
+    body = problem.to_problem("/api/v1/projects/p/messages").model_dump(mode="json", exclude_none=True)
+
+    assert (body["status"], body["reason"]) == (409, "THREAD_METADATA_INCOMPLETE")
+    assert body["missing_fields"] == ["deviceId", "codexThreadRef"]
+    assert body["errors"] == [
+        {"field": "deviceId", "detail": "register the thread from its node"},
+        {"field": "codexThreadRef", "detail": "the thread has no Codex session id"},
+    ]
+    assert body["detail"] == "the thread's metadata is incomplete: deviceId, codexThreadRef"
+
+
+def test_other_conflicts_keep_their_reason_and_carry_no_missing_fields() -> None:
+    not_retryable = FailedPrecondition("task 'task-1' is running", reason="TASK_NOT_RETRYABLE").to_status()
+    reused = AlreadyExists(
+        "client_message_id was used for another message",
+        reason="CLIENT_MESSAGE_ID_REUSED",
+        violations=[FieldViolation("client_message_id", "already used for another message")],
+    ).to_status()
+
+    retry = problem_for_grpc_status("conversations", grpc.StatusCode.FAILED_PRECONDITION, "", not_retryable)
+    repeat = problem_for_grpc_status("conversations", grpc.StatusCode.ALREADY_EXISTS, "", reused)
+
+    assert (retry.status, retry.reason, retry.errors, retry.missing_fields) == (
+        409,
+        "TASK_NOT_RETRYABLE",
+        [],
+        None,
+    )
+    assert "missing_fields" not in retry.to_problem("/x").model_dump(exclude_none=True)
+    assert (repeat.status, repeat.reason, [e.field for e in repeat.errors]) == (
+        409,
+        "CLIENT_MESSAGE_ID_REUSED",
+        ["client_message_id"],
+    )
+
+
+def test_backend_field_names_can_be_renamed_to_the_rest_names() -> None:
+    status = InvalidArgument([FieldViolation("after_sequence", "must not be negative")]).to_status()
+
+    problem = problem_for_grpc_status(
+        "conversations", grpc.StatusCode.INVALID_ARGUMENT, status.message, status
+    ).with_fields_renamed({"after_sequence": "after"})
+
+    assert [(e.field, e.detail) for e in problem.errors] == [("after", "must not be negative")]
+    assert problem.detail == "after: must not be negative"
+
+
+def test_a_bad_page_token_is_an_invalid_request_and_other_fields_stay_422() -> None:
+    def invalid(field: str) -> ProblemError:
+        status = InvalidArgument([FieldViolation(field, "bad")]).to_status()
+        return problem_for_grpc_status("conversations", grpc.StatusCode.INVALID_ARGUMENT, "", status)
+
+    token = invalid("page_token").as_invalid_request("page_token")
+    size = invalid("page_size").as_invalid_request("page_token")
+
+    assert (token.status, token.status_code, token.type) == (400, 400, PROBLEM_TYPE_BASE + "invalid-request")
+    assert (size.status, size.type) == (422, PROBLEM_TYPE_BASE + "validation-error")
+
+
+def test_body_limits_can_be_larger_for_some_paths() -> None:
+    limit = BodySizeLimit(
+        lambda *_: None,  # type: ignore[arg-type, return-value]
+        max_bytes=64,
+        larger=[(re.compile(r"/api/v1/projects/[^/]+/messages"), 1_000)],
+    )
+
+    assert limit.limit_for("/api/v1/projects/p-1/messages") == 1_000
+    assert limit.limit_for("/api/v1/projects/p-1/messages/x") == 64
+    assert limit.limit_for("/api/v1/projects") == 64
