@@ -9,6 +9,9 @@ INSTALLED := $(VENV)/.installed
 IMPORT_PATH := $(VENV)/.import-path
 GENERATED := gen/.generated
 PROTOS := $(shell find protos/boss -name '*.proto')
+# The real Codex CLI the tests and `make run` drive (npm @openai/codex), installed into CODEX_DIR.
+CODEX_VERSION := 0.169.0
+CODEX_DIR := .tools/codex
 export PYTHONPATH := $(CURDIR):$(CURDIR)/gen
 
 help: ## list the targets
@@ -39,7 +42,10 @@ generate: ## regenerate Python code from protos/ (never edit gen/ by hand)
 	PYTHON=$(PY) ./scripts/generate_protos.sh
 	@touch $(GENERATED)
 
-run: setup ## start every service and a worker (SQLite; demo data if needed); ARGS="--codex-home DIR" etc.
+codex: ## install the real Codex CLI (npm @openai/codex at the pinned CODEX_VERSION) into .tools/codex; needs npm
+	@./scripts/install_codex.sh $(CODEX_VERSION) $(CODEX_DIR)
+
+run: setup codex ## start every service and a worker (SQLite; demo data if needed); ARGS="--codex-home DIR" etc.
 	$(PY) -m services.local_stack $(ARGS)
 
 browser: ## install Debian's chromium for the browser test (as root; otherwise that test is skipped)
@@ -49,7 +55,7 @@ browser: ## install Debian's chromium for the browser test (as root; otherwise t
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium is not installed and cannot be installed here: the browser test will be skipped"; fi; }
 
-test: setup browser ## run the whole suite (unit, SQLite + PostgreSQL integration, end to end, browser)
+test: setup browser codex ## run the whole suite (unit, SQLite + PostgreSQL integration, end to end, browser)
 	$(PY) -m pytest
 
 test-unit: setup ## only the pure unit tests
@@ -58,7 +64,7 @@ test-unit: setup ## only the pure unit tests
 lint: setup ## ruff, mypy and buf lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy services worker
+	$(VENV)/bin/mypy services worker demo_model
 	cd protos && ../$(VENV)/bin/buf lint
 
 bench: setup ## run the benchmarks against PostgreSQL (see bench/RESULTS.md)
@@ -67,4 +73,4 @@ bench: setup ## run the benchmarks against PostgreSQL (see bench/RESULTS.md)
 clean: ## remove generated code and local data (keeps the virtualenv)
 	rm -rf gen var protos/third_party
 
-.PHONY: help setup browser generate run test test-unit lint bench clean
+.PHONY: help setup browser codex generate run test test-unit lint bench clean

@@ -1,13 +1,23 @@
 """`make run`: the whole of Boss on one machine, on the embedded SQLite default.
 
 Starts every service as its own process (context_budget, scheduler, conversations, gateway), waits
-until each passes its health check, then starts a device worker that follows Codex session files:
-your own `$CODEX_HOME` (default ~/.codex) when it has sessions, otherwise demo sessions that Boss
-writes and grows live under `$BOSS_DATA_DIR/demo-codex-home`. It prints a client token and the URLs
-to open, then a table of every thread's context budget as the gateway reports it, refreshed every few
-seconds. Ctrl-C stops everything cleanly. Logs of each process are in `$BOSS_DATA_DIR/logs/`.
+until each passes its health check, then starts a device worker that follows Codex session files
+and, through its local agent, answers chat messages with a real `codex exec resume` turn:
 
-Usage: python -m services.local_stack [--codex-home DIR] [--demo] [--until-ready SECONDS]
+- with your own `$CODEX_HOME` (default ~/.codex) when it has sessions: your threads, run by your
+  Codex with your login;
+- otherwise the demo, under `$BOSS_DATA_DIR/demo-codex-home`: Boss's built-in demo model (not a real
+  model; `python -m demo_model serve`, on a free port or `BOSS_DEMO_MODEL_LISTEN`) and real Codex
+  threads driven against it (`python -m demo_model.threads --live`), which grow a turn at a time into
+  real compactions while you chat with them. Needs the real Codex CLI (`make codex`).
+
+It prints which Codex answers chat, a client token and the URLs to open, then a table of every
+thread's context budget as the gateway reports it, refreshed every few seconds, and a "Ready:" line
+once every thread has one. Ctrl-C stops everything cleanly. Logs of each process are in
+`$BOSS_DATA_DIR/logs/`.
+
+Usage: python -m services.local_stack [--codex-home DIR] [--demo] [--demo-interval SECONDS]
+                                      [--until-ready SECONDS]
 """
 
 from __future__ import annotations
@@ -19,25 +29,34 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from demo_model.codex_home import demo_model_environment
+from demo_model.threads import DEFAULT_INTERVAL_S, DemoThread, read_demo_threads
 from services.shared import config
 from services.shared.auth import TokenAuthority
+from worker.local_agent.codex_install import ENV_VAR as CODEX_BIN_VARIABLE
+from worker.local_agent.codex_install import CodexNotFoundError, find_codex_binary
 
 log = logging.getLogger("boss.local")
 ROOT = Path(__file__).resolve().parent.parent
 GRPC_SERVICES = ("context_budget", "scheduler", "conversations")
 STARTUP_TIMEOUT_SECONDS = 60.0
+DEMO_THREADS_TIMEOUT_SECONDS = 180.0
+"""How long the demo threads may take to be created (a dozen real Codex turns on a busy machine)."""
+DEMO_MODEL_LISTEN_VARIABLE = "BOSS_DEMO_MODEL_LISTEN"
+"""host:port for the demo model; unset, it listens on a free loopback port."""
 
 
 @dataclass
@@ -75,6 +94,77 @@ class Process:
             self.popen.wait()
 
 
+@dataclass(frozen=True)
+class ChatCodex:
+    """The Codex CLI that answers chat messages: its binary and its version ("0.169.0")."""
+
+    binary: Path
+    version: str
+
+
+def codex_version(binary: Path) -> str:
+    """The version `binary --version` reports ("codex-cli 0.169.0" -> "0.169.0"), or "of unknown
+    version" when it does not answer within 20 seconds."""
+    try:
+        answer = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=20, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "of unknown version"
+    words = answer.stdout.split()
+    return words[-1] if words else "of unknown version"
+
+
+def find_chat_codex() -> ChatCodex | None:
+    """The Codex the local agent will run (worker/local_agent/codex_install.py), None when none is
+    installed."""
+    try:
+        binary = find_codex_binary()
+    except CodexNotFoundError:
+        return None
+    return ChatCodex(binary, codex_version(binary))
+
+
+def require_demo_codex() -> ChatCodex:
+    """The Codex the demo drives; exits with what to do when it is not installed."""
+    try:
+        binary = find_codex_binary()
+    except CodexNotFoundError as error:
+        raise SystemExit(
+            "The demo runs real Codex threads and needs the Codex CLI: run `make codex` (it installs "
+            f"the pinned version into {ROOT / '.tools' / 'codex'}).\n({error})"
+        ) from None
+    return ChatCodex(binary, codex_version(binary))
+
+
+def chat_line(codex: ChatCodex | None, demo: bool, codex_home: Path) -> str:
+    """The line saying who answers chat messages in this run."""
+    if demo and codex is not None:
+        return (
+            f"Chat: demo threads answer through real Codex {codex.version} against the built-in demo "
+            "model (not a real model)"
+        )
+    if codex is None:
+        return (
+            "Chat: no Codex CLI found, so chat messages fail with 'could not start' until you run "
+            f"`make codex` or install Codex (or set {CODEX_BIN_VARIABLE})"
+        )
+    return (
+        f"Chat: your threads answer through your own Codex {codex.version} ({codex.binary}) "
+        f"with the login in {codex_home}"
+    )
+
+
+def demo_model_listen() -> str:
+    """host:port for the demo model: BOSS_DEMO_MODEL_LISTEN, else a free loopback port."""
+    configured = os.environ.get(DEMO_MODEL_LISTEN_VARIABLE, "").strip()
+    if configured:
+        return configured
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
 def has_sessions(codex_home: Path) -> bool:
     """True when `codex_home/sessions` holds at least one rollout file."""
     sessions = codex_home / "sessions"
@@ -98,9 +188,9 @@ def choose_codex_home(requested: str | None, force_demo: bool) -> tuple[Path, bo
 
 
 def reset_demo_state(data: Path, codex_home: Path) -> None:
-    """Demo runs start from nothing: the previous demo sessions and the embedded databases they fed
-    are removed, so no frozen threads from an earlier run linger. Never touches a PostgreSQL
-    database or a real Codex home."""
+    """Demo runs start from nothing: the previous demo Codex home (its sessions and workspaces) and
+    the embedded databases they fed are removed, so no frozen threads from an earlier run linger.
+    Never touches a PostgreSQL database or a real Codex home."""
     shutil.rmtree(codex_home, ignore_errors=True)
     for service in GRPC_SERVICES:
         if config.database_url(service).startswith("sqlite"):
@@ -129,21 +219,30 @@ async def http_healthy(url: str) -> bool:
         return False
 
 
+def port_hint(name: str, target: str) -> str:
+    """What to do when `name`'s address `target` is taken by another program."""
+    variables = f"BOSS_{name.upper()}_LISTEN=127.0.0.1:PORT"
+    if name != "demo_model":
+        variables += f" and BOSS_{name.upper()}_ADDRESS=127.0.0.1:PORT"
+    return f"\n{target} is taken by another program: stop it, or move {name} with {variables}"
+
+
+def exit_with_log(process: Process, what: str, target: str = "") -> NoReturn:
+    """Exits naming `what` happened to `process`, with the last lines of its log."""
+    log_text = process.log_path.read_text(errors="replace")
+    tail = "\n".join(log_text.splitlines()[-20:])
+    hint = ""
+    if target and ("Failed to bind" in log_text or "address already in use" in log_text.lower()):
+        hint = port_hint(process.name, target)
+    raise SystemExit(f"{process.name} {what}; last log lines ({process.log_path}):\n{tail}{hint}")
+
+
 async def wait_until_healthy(process: Process, check: object, target: str) -> None:
     """Polls the health check until it passes; exits with the log's tail if the process dies."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if not process.alive():
-            log_text = process.log_path.read_text(errors="replace")
-            tail = "\n".join(log_text.splitlines()[-20:])
-            hint = ""
-            if "Failed to bind" in log_text or "address already in use" in log_text.lower():
-                variable = f"BOSS_{process.name.upper()}_LISTEN"
-                hint = (
-                    f"\n{target} is taken by another program: stop it, or move {process.name} with "
-                    f"{variable}=127.0.0.1:PORT and BOSS_{process.name.upper()}_ADDRESS=127.0.0.1:PORT"
-                )
-            raise SystemExit(f"{process.name} exited during start-up; last log lines:\n{tail}{hint}")
+            exit_with_log(process, "exited during start-up", target)
         if await check(target):  # type: ignore[operator]
             print(f"  ok  {process.name:<15} {target}")
             return
@@ -152,6 +251,62 @@ async def wait_until_healthy(process: Process, check: object, target: str) -> No
         f"{process.name} did not become healthy within {STARTUP_TIMEOUT_SECONDS:.0f} s "
         f"(log: {process.log_path})"
     )
+
+
+async def wait_for_demo_threads(process: Process, codex_home: Path, stop: asyncio.Event) -> list[DemoThread]:
+    """Waits until the grower has listed the demo threads it created; exits with its log's tail
+    when it stops first or takes longer than DEMO_THREADS_TIMEOUT_SECONDS, and at once on `stop`
+    (Ctrl-C)."""
+    deadline = time.monotonic() + DEMO_THREADS_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if stop.is_set():
+            raise SystemExit("Interrupted while the demo threads were being created.")
+        threads = read_demo_threads(codex_home)
+        if threads is not None:
+            names = ", ".join(thread.name for thread in threads)
+            print(f"  ok  {'demo threads':<15} {names} (real Codex threads under {codex_home})")
+            return threads
+        if not process.alive():
+            exit_with_log(process, "could not create the demo threads")
+        await asyncio.sleep(0.3)
+    exit_with_log(process, f"did not create the demo threads within {DEMO_THREADS_TIMEOUT_SECONDS:.0f} s")
+
+
+async def start_demo(
+    data: Path, codex_home: Path, environment: dict[str, str], interval: float, processes: list[Process]
+) -> Process:
+    """Starts the demo model and the demo threads' grower, which creates the threads in the
+    background (see wait_for_demo_threads); both join `processes`. Returns the grower."""
+    python = sys.executable
+    listen = demo_model_listen()
+    host, _, port = listen.rpartition(":")
+    model = Process(
+        "demo_model",
+        [python, "-m", "demo_model", "serve", "--host", host, "--port", port],
+        data / "logs" / "demo-model.log",
+    )
+    model.start(environment)
+    processes.append(model)
+    await wait_until_healthy(model, http_healthy, f"http://{listen}/healthz")
+    grower = Process(
+        "demo_threads",
+        [
+            python,
+            "-m",
+            "demo_model.threads",
+            "--codex-home",
+            str(codex_home),
+            "--model-url",
+            f"http://{listen}/v1",
+            "--live",
+            "--interval",
+            str(interval),
+        ],
+        data / "logs" / "demo-threads.log",
+    )
+    grower.start(environment)
+    processes.append(grower)
+    return grower
 
 
 def thread_ids_under(codex_home: Path) -> list[str]:
@@ -237,10 +392,19 @@ async def run_stack(arguments: argparse.Namespace) -> int:
     for signal_number in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signal_number, stop.set)
     codex_home, demo, why = choose_codex_home(arguments.codex_home, arguments.demo)
+    codex = require_demo_codex() if demo else find_chat_codex()
+    grower: Process | None = None
     print(f"Boss local stack: data in {data}, logs in {data / 'logs'}")
     if demo:
         reset_demo_state(data, codex_home)
+        # Every child runs the Codex checked here; the worker's local agent gets the demo model's key.
+        environment[CODEX_BIN_VARIABLE] = str(codex.binary) if codex else ""
+        environment.update(demo_model_environment())
     try:
+        if demo:
+            print(f"Demo mode ({why}): real Codex threads against the built-in demo model (not a real model)")
+            # The grower creates the threads (a dozen Codex turns) while the services start.
+            grower = await start_demo(data, codex_home, environment, arguments.demo_interval, processes)
         for service in GRPC_SERVICES:
             if not (ROOT / "services" / service / "__main__.py").exists():
                 print(f"  --  {service:<15} not built yet, skipped")
@@ -259,27 +423,8 @@ async def run_stack(arguments: argparse.Namespace) -> int:
         gateway_url = f"http://{config.service_address('gateway')}"
         await wait_until_healthy(gateway, http_healthy, f"{gateway_url}/healthz")
 
-        if demo:
-            print(f"\nDemo mode ({why}): writing demo sessions under {codex_home}")
-            player = Process(
-                "demo-sessions",
-                [
-                    python,
-                    "-m",
-                    "worker.demo_sessions",
-                    "--codex-home",
-                    str(codex_home),
-                    "--live",
-                    "--interval",
-                    str(arguments.demo_interval),
-                ],
-                data / "logs" / "demo-sessions.log",
-            )
-            player.start(environment)
-            processes.append(player)
-            deadline = time.monotonic() + 20
-            while not has_sessions(codex_home) and time.monotonic() < deadline:
-                await asyncio.sleep(0.2)
+        if grower is not None:
+            await wait_for_demo_threads(grower, codex_home, stop)
         worker = Process(
             "worker",
             [python, "-m", "worker", "run", "--codex-home", str(codex_home)],
@@ -288,10 +433,16 @@ async def run_stack(arguments: argparse.Namespace) -> int:
         worker.start(environment)
         processes.append(worker)
         print(f"  ok  {'worker':<15} following {codex_home}/sessions" + ("" if demo else f" ({why})"))
+        print(f"\n{chat_line(codex, demo, codex_home)}")
 
         client_token = authority.issue_client(config.default_owner_id())
         (data / "client-token").write_text(client_token + "\n")
         print(f"\nOpen the console:  {gateway_url}/console/?token={client_token}")
+        if demo:
+            print(
+                "  then tap a demo thread (billing-api, ios-sync-client, firmware-flasher) and send it a "
+                "message: real Codex answers through the demo model"
+            )
         print(f"API docs:          {gateway_url}/docs")
         print(f"Client token (also in {data / 'client-token'}):\n  {client_token}")
         thread_ids = thread_ids_under(codex_home)
@@ -302,15 +453,19 @@ async def run_stack(arguments: argparse.Namespace) -> int:
             )
 
         started = time.monotonic()
+        announced = False
         while True:
             thread_ids = thread_ids_under(codex_home)
             ready = await print_budgets(gateway_url, client_token, thread_ids)
             for process in processes:
                 if not process.alive():
                     raise SystemExit(f"{process.name} stopped unexpectedly (log: {process.log_path})")
+            every_thread = bool(thread_ids) and ready == min(len(thread_ids), 20)
+            if every_thread and not announced:
+                print("\nReady: every thread has a budget, the stack works end to end.")
+                announced = True
             if arguments.until_ready is not None:
-                if thread_ids and ready == min(len(thread_ids), 20):
-                    print("\nEvery thread has a budget: the stack works end to end.")
+                if every_thread:
                     return 0
                 if time.monotonic() - started > arguments.until_ready:
                     print("\nTimed out before every thread had a budget.", file=sys.stderr)
@@ -333,10 +488,13 @@ def main() -> None:
     )
     parser.add_argument("--codex-home", help="Codex home to follow (default $CODEX_HOME or ~/.codex)")
     parser.add_argument(
-        "--demo", action="store_true", help="use Boss's demo sessions even if you have your own"
+        "--demo", action="store_true", help="use Boss's demo threads even if you have your own"
     )
     parser.add_argument(
-        "--demo-interval", type=float, default=4.0, help="seconds between demo turns (default 4)"
+        "--demo-interval",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        help="seconds between the demo threads' turns (default 4)",
     )
     parser.add_argument(
         "--refresh", type=float, default=3.0, help="seconds between budget tables (default 3)"
@@ -349,6 +507,8 @@ def main() -> None:
     )
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    # One line at a time even into a pipe or a file, so a reader sees each as it happens.
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     with contextlib.suppress(KeyboardInterrupt):
         sys.exit(asyncio.run(run_stack(arguments)))
 

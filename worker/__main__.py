@@ -3,10 +3,15 @@
     python -m worker run [--codex-home DIR] [--worker-id ID] [--node-id ID]
                          [--context-budget-address HOST:PORT] [--token TOKEN]
                          [--poll-interval SECONDS] [--once [--timeout SECONDS]]
-                         [--idle-after SECONDS]
+                         [--idle-after SECONDS] [--no-local-agent] [--codex-bin PATH]
+                         [--codex-sandbox MODE] [--task-stall-timeout SECONDS]
+                         [--task-turn-cap SECONDS] [--max-concurrent-tasks N]
 
 `run` follows `$CODEX_HOME/sessions/**/rollout-*.jsonl` and streams every thread's context budget to
-the context_budget service until SIGTERM/SIGINT. With `--once` it reads everything, reports each
+the context_budget service until SIGTERM/SIGINT. Its local agent (unless `--no-local-agent`) claims
+this node's chat tasks from the scheduler and runs each as a real `codex exec resume` turn
+(worker/local_agent/agent_loop.py); on SIGTERM/SIGINT it interrupts the running turns and reports
+them as interrupted before the worker exits. With `--once` it reads everything, reports each
 thread's latest state, waits for the acks and exits: 0 when every snapshot was acknowledged, 1 when
 not (server unreachable, rejections). Configuration errors exit with 2 and one line on stderr.
 """
@@ -22,9 +27,14 @@ from pathlib import Path
 from services.shared.logging_setup import configure_logging
 from worker.agent import run_worker
 from worker.settings import (
+    CODEX_SANDBOXES,
+    DEFAULT_CODEX_SANDBOX,
     DEFAULT_IDLE_AFTER_S,
+    DEFAULT_MAX_CONCURRENT_TASKS,
     DEFAULT_ONCE_TIMEOUT_S,
     DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_TASK_STALL_TIMEOUT_S,
+    DEFAULT_TASK_TURN_CAP_S,
     SettingsError,
     WorkerSettings,
     settings_from_arguments,
@@ -36,7 +46,8 @@ EXIT_CONFIGURATION_ERROR = 2
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m worker` argument parser."""
     parser = argparse.ArgumentParser(
-        prog="python -m worker", description="Boss device worker: reports Codex threads' context budgets."
+        prog="python -m worker",
+        description="Boss device worker: reports Codex threads' context budgets and runs their chat tasks.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="follow Codex sessions and report their context budgets")
@@ -71,6 +82,48 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds without a new reading after which a thread gets no more heartbeats "
         f"(default {DEFAULT_IDLE_AFTER_S:.0f})",
     )
+    agent = run.add_argument_group("local agent", "runs this node's chat tasks through the real Codex CLI")
+    agent.add_argument(
+        "--no-local-agent",
+        dest="local_agent",
+        action="store_false",
+        default=None,
+        help="claim no tasks (default BOSS_WORKER_LOCAL_AGENT, else on; never with --once)",
+    )
+    agent.add_argument(
+        "--codex-bin",
+        type=Path,
+        metavar="PATH",
+        help="the Codex executable (default BOSS_WORKER_CODEX_BIN, else the project's installed Codex, "
+        "else codex on PATH)",
+    )
+    agent.add_argument(
+        "--codex-sandbox",
+        metavar="MODE",
+        help=f"Codex's sandbox: {', '.join(CODEX_SANDBOXES)} "
+        f"(default BOSS_WORKER_CODEX_SANDBOX, else {DEFAULT_CODEX_SANDBOX})",
+    )
+    agent.add_argument(
+        "--task-stall-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="seconds without output from Codex after which a turn is stopped "
+        f"(default BOSS_WORKER_TASK_STALL_TIMEOUT, else {DEFAULT_TASK_STALL_TIMEOUT_S:.0f})",
+    )
+    agent.add_argument(
+        "--task-turn-cap",
+        type=float,
+        metavar="SECONDS",
+        help="seconds after which a turn is stopped however busy "
+        f"(default BOSS_WORKER_TASK_TURN_CAP, else {DEFAULT_TASK_TURN_CAP_S:.0f})",
+    )
+    agent.add_argument(
+        "--max-concurrent-tasks",
+        type=int,
+        metavar="N",
+        help="turns run at the same time, 1-32 "
+        f"(default BOSS_WORKER_MAX_CONCURRENT_TASKS, else {DEFAULT_MAX_CONCURRENT_TASKS})",
+    )
     return parser
 
 
@@ -86,6 +139,12 @@ def settings_from_namespace(arguments: argparse.Namespace) -> WorkerSettings:
         once=arguments.once,
         once_timeout_s=arguments.timeout,
         idle_after_s=arguments.idle_after,
+        local_agent=arguments.local_agent,
+        codex_bin=arguments.codex_bin,
+        codex_sandbox=arguments.codex_sandbox,
+        task_stall_timeout_s=arguments.task_stall_timeout,
+        task_turn_cap_s=arguments.task_turn_cap,
+        max_concurrent_tasks=arguments.max_concurrent_tasks,
     )
 
 

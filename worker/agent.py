@@ -20,7 +20,10 @@ Every poll interval (1 s by default) :class:`WorkerAgent`:
 Only the latest reading of a thread in one poll is reported; the readings in between are history the
 server does not need (the latest carries compaction_count and last_compaction_at).
 
-:func:`run_worker` is the composition root used by `python -m worker run`.
+:func:`run_worker` is the composition root used by `python -m worker run`. Besides this loop it runs
+the worker's companions: the thread registrar (conversations), the handoff command listener
+(scheduler) and the local agent (worker/local_agent/: claims this node's chat tasks and runs them
+through Codex), each with the same worker token.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ from worker.codex_sessions.follower import FileUpdate, RolloutFollower
 from worker.codex_sessions.git_state import GitState, read_git_state
 from worker.codex_sessions.tracker import LastActivity, ThreadBudgetReading
 from worker.handoff import HandoffWorker, lookup_from_agent
+from worker.local_agent.agent_loop import LocalAgent
+from worker.local_agent.codex_turns import codex_run_turn
+from worker.local_agent.outcomes import RunTurn
 from worker.registration import ThreadRegistrar
 from worker.reporter import StreamReporter
 from worker.settings import WorkerSettings, token_provider
@@ -67,6 +73,9 @@ GIT_READ_CONCURRENCY = 4
 
 MAX_CATCH_UP_POLLS = 10_000
 """`--once` polls until the files are read to the end; this bounds it for files that never stop growing."""
+
+LOCAL_AGENT_STOP_TIMEOUT_S = 45.0
+"""On stop, how long the local agent gets to interrupt its running turns and finish them (seconds)."""
 
 
 class RolloutSource(Protocol):
@@ -455,6 +464,57 @@ class WorkerAgent:
             )
 
 
+class Registrar(Protocol):
+    """What registration needs from a registrar (ThreadRegistrar implements it)."""
+
+    def note(
+        self, thread_id: str, *, codex_folder: str = "", codex_thread_ref: str = "", title: str = ""
+    ) -> None:
+        """Queues a thread for registration."""
+        ...
+
+
+def registration_callback(registrar: Registrar) -> Callable[[str, ThreadBudgetReading, Path], None]:
+    """The agent's `on_new_thread`: registers a newly seen thread with its working folder (the
+    session's cwd) and, as its Codex thread reference, Codex's session id (the thread id), which is
+    what `codex exec resume` takes."""
+
+    def register(thread_id: str, reading: ThreadBudgetReading, path: Path) -> None:
+        registrar.note(thread_id, codex_folder=reading.cwd or "", codex_thread_ref=thread_id)
+
+    return register
+
+
+def build_local_agent(settings: WorkerSettings, run_turn: RunTurn | None = None) -> LocalAgent | None:
+    """The worker's local agent, None when `settings.local_agent` is None (--no-local-agent, --once).
+
+    Its turns run through `run_turn`, by default the Codex runner configured by the settings
+    (:func:`worker.local_agent.codex_turns.codex_run_turn`). Same token as the reporter.
+    """
+    agent_settings = settings.local_agent
+    if agent_settings is None:
+        return None
+    return LocalAgent(
+        scheduler_address=agent_settings.scheduler_address,
+        token=token_provider(settings),
+        worker_id=settings.worker_id,
+        node_id=settings.node_id,
+        run_turn=run_turn or codex_run_turn(settings.codex_home, agent_settings),
+        max_concurrent_tasks=agent_settings.max_concurrent_tasks,
+    )
+
+
+async def _stop_local_agent(task: asyncio.Task[None], timeout: float) -> None:
+    """Waits up to `timeout` seconds for the local agent to finish its interrupted turns, then
+    cancels it."""
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        log.warning("the local agent did not stop within %.0f s; cancelling it", timeout)
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 def _install_stop_signals(stop: asyncio.Event) -> list[signal.Signals]:
     """SIGTERM and SIGINT set `stop`; returns the signals handled (none where unsupported)."""
     loop = asyncio.get_running_loop()
@@ -466,10 +526,14 @@ def _install_stop_signals(stop: asyncio.Event) -> list[signal.Signals]:
     return installed
 
 
-async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None) -> int:
+async def run_worker(
+    settings: WorkerSettings, stop: asyncio.Event | None = None, *, run_turn: RunTurn | None = None
+) -> int:
     """Run the worker until `stop` is set or SIGTERM/SIGINT arrives (or once, with `settings.once`).
 
-    On stop, pending snapshots get up to `settings.flush_timeout_s` seconds to be acked.
+    On stop, pending snapshots get up to `settings.flush_timeout_s` seconds to be acked, and the
+    local agent (when `settings.local_agent` is set) up to LOCAL_AGENT_STOP_TIMEOUT_S seconds to
+    finish its interrupted turns. `run_turn` replaces the Codex runner of the local agent.
 
     Returns the process exit code: 0, or 1 when `--once` could not get every snapshot acked.
     """
@@ -488,15 +552,17 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
         )
     )
 
-    def register(thread_id: str, reading: ThreadBudgetReading, path: Path) -> None:
-        if registrar is not None:
-            registrar.note(thread_id, codex_folder=reading.cwd or "", codex_thread_ref=str(path))
+    register = registration_callback(registrar) if registrar is not None else None
 
     def project_of(thread_id: str) -> str:
         return registrar.registered.get(thread_id, "") if registrar is not None else ""
 
     agent = WorkerAgent(settings, follower, reporter, on_new_thread=register, project_of=project_of)
     companions: list[asyncio.Task[None]] = []
+    local_agent = None if settings.once else build_local_agent(settings, run_turn)
+    local_agent_task = (
+        asyncio.create_task(local_agent.run(stop), name="local-agent") if local_agent is not None else None
+    )
     if registrar is not None:
         companions.append(asyncio.create_task(registrar.run(stop), name="thread-registrar"))
         handoff = HandoffWorker(
@@ -510,11 +576,12 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
         companions.append(asyncio.create_task(handoff.run(), name="handoff-worker"))
     installed = _install_stop_signals(stop)
     log.info(
-        "worker %s on node %s: following %s, reporting to %s",
+        "worker %s on node %s: following %s, reporting to %s%s",
         settings.worker_id,
         settings.node_id,
         settings.sessions_dir,
         settings.context_budget_address,
+        "" if local_agent is not None else " (no local agent)",
     )
     try:
         if settings.once:
@@ -525,6 +592,9 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
             log.warning("stopped with %d snapshot(s) not acknowledged", reporter.unacked_count)
         return 0
     finally:
+        stop.set()
+        if local_agent_task is not None:
+            await _stop_local_agent(local_agent_task, LOCAL_AGENT_STOP_TIMEOUT_S)
         loop = asyncio.get_running_loop()
         for signal_number in installed:
             loop.remove_signal_handler(signal_number)

@@ -7,7 +7,7 @@ calls in the background, retrying while conversations is unreachable):
 
     registrar = ThreadRegistrar(conversations_address, token, worker_id=..., node_id=...)
     task = asyncio.create_task(registrar.run(stop))
-    registrar.note(thread_id, codex_folder=state.folder or "", codex_thread_ref=str(state.path))
+    registrar.note(thread_id, codex_folder=state.folder or "", codex_thread_ref=thread_id)
     ...
     await registrar.close()
 
@@ -37,7 +37,14 @@ RPC_TIMEOUT_SECONDS = 5.0
 
 @dataclass(frozen=True)
 class ThreadToRegister:
-    """What the worker knows about a thread when it first sees it."""
+    """What the worker knows about a thread when it first sees it.
+
+    Attributes:
+        thread_id: Codex's thread id (the session id in the rollout's `session_meta`).
+        codex_folder: the session's working folder (its cwd) on this node.
+        codex_thread_ref: what `codex exec resume` takes to resume the thread: its session id.
+        title: the thread's title, "" when unknown.
+    """
 
     thread_id: str
     codex_folder: str = ""

@@ -12,6 +12,13 @@ Resolved once at start from command-line values and the environment (defaults in
 | poll interval | --poll-interval | 1.0 s |
 | report once and exit | --once (with --timeout, 30 s) | off |
 | no heartbeats after | --idle-after | 86,400 s without a new reading |
+| run no local agent | --no-local-agent | BOSS_WORKER_LOCAL_AGENT=off, else on (never with --once) |
+| Codex binary | --codex-bin | BOSS_WORKER_CODEX_BIN, else the runner's discovery |
+| Codex sandbox | --codex-sandbox | BOSS_WORKER_CODEX_SANDBOX, else workspace-write |
+| stall timeout of a turn | --task-stall-timeout | BOSS_WORKER_TASK_STALL_TIMEOUT, else 300 s |
+| turn cap | --task-turn-cap | BOSS_WORKER_TASK_TURN_CAP, else 1,800 s |
+| turns run at once | --max-concurrent-tasks | BOSS_WORKER_MAX_CONCURRENT_TASKS, else 2 |
+| scheduler address (local agent) | | BOSS_SCHEDULER_ADDRESS, else 127.0.0.1:50052 |
 
 Errors are :class:`SettingsError` with a message meant for the person at the terminal.
 """
@@ -19,6 +26,7 @@ Errors are :class:`SettingsError` with a message meant for the person at the ter
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,10 +41,38 @@ DEFAULT_GIT_REFRESH_S = 10.0
 DEFAULT_FLUSH_TIMEOUT_S = 5.0
 DEFAULT_ONCE_TIMEOUT_S = 30.0
 DEFAULT_IDLE_AFTER_S = 24 * 3600.0
+CODEX_SANDBOXES = ("read-only", "workspace-write", "danger-full-access")
+DEFAULT_CODEX_SANDBOX = "workspace-write"
+DEFAULT_TASK_STALL_TIMEOUT_S = 300.0
+DEFAULT_TASK_TURN_CAP_S = 1800.0
+DEFAULT_MAX_CONCURRENT_TASKS = 2
+MAX_CONCURRENT_TASKS_LIMIT = 32
 
 
 class SettingsError(Exception):
     """A setting is missing or wrong; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class LocalAgentSettings:
+    """What the worker's local agent (worker/local_agent/) needs: where to claim tasks and how to
+    run Codex for them.
+
+    Attributes:
+        scheduler_address: gRPC target of the scheduler (ClaimTask and the other task calls).
+        codex_bin: the Codex executable; None = the runner's own discovery.
+        codex_sandbox: Codex's sandbox for a turn: read-only, workspace-write or danger-full-access.
+        stall_timeout_s: a turn with no output from Codex for this long is stopped (seconds).
+        turn_cap_s: a turn running longer than this in all is stopped (seconds).
+        max_concurrent_tasks: turns run at the same time (claim slots), 1-32.
+    """
+
+    scheduler_address: str
+    codex_bin: Path | None = None
+    codex_sandbox: str = DEFAULT_CODEX_SANDBOX
+    stall_timeout_s: float = DEFAULT_TASK_STALL_TIMEOUT_S
+    turn_cap_s: float = DEFAULT_TASK_TURN_CAP_S
+    max_concurrent_tasks: int = DEFAULT_MAX_CONCURRENT_TASKS
 
 
 @dataclass(frozen=True)
@@ -57,6 +93,7 @@ class WorkerSettings:
         once_timeout_s: with `once`, seconds to wait for every ack before giving up.
         idle_after_s: a thread whose latest reading is older than this (seconds) is reported, but
             no longer re-sent as a heartbeat until it moves again.
+        local_agent: the local agent's settings; None runs no local agent (--no-local-agent, --once).
     """
 
     codex_home: Path
@@ -71,6 +108,7 @@ class WorkerSettings:
     once: bool = False
     once_timeout_s: float = DEFAULT_ONCE_TIMEOUT_S
     idle_after_s: float = DEFAULT_IDLE_AFTER_S
+    local_agent: LocalAgentSettings | None = None
 
     @property
     def sessions_dir(self) -> Path:
@@ -149,6 +187,127 @@ def token_provider(settings: WorkerSettings) -> Callable[[], str]:
     return mint
 
 
+_SWITCH_VALUES = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
+
+
+def _switch(name: str, environ: Mapping[str, str], default: bool) -> bool:
+    """An on/off environment variable (1/0, true/false, yes/no, on/off; unset or empty = `default`)."""
+    raw = environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in _SWITCH_VALUES:
+        raise SettingsError(f"{name} must be on or off, got {environ[name]!r}")
+    return _SWITCH_VALUES[raw]
+
+
+def _positive_seconds(
+    value: float | None, flag: str, variable: str, environ: Mapping[str, str], default: float
+) -> float:
+    """The flag's value, else the environment variable's, else `default`; must be > 0 seconds."""
+    source, raw = (flag, value) if value is not None else (variable, environ.get(variable) or None)
+    if raw is None:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise SettingsError(f"{source} must be a number of seconds, got {raw!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise SettingsError(f"{source} must be > 0 seconds, got {raw}")
+    return seconds
+
+
+def _task_slots(value: int | None, environ: Mapping[str, str]) -> int:
+    """--max-concurrent-tasks, else BOSS_WORKER_MAX_CONCURRENT_TASKS, else 2; an integer 1-32."""
+    variable = "BOSS_WORKER_MAX_CONCURRENT_TASKS"
+    source, raw = (
+        ("--max-concurrent-tasks", value) if value is not None else (variable, environ.get(variable))
+    )
+    if raw is None or raw == "":
+        return DEFAULT_MAX_CONCURRENT_TASKS
+    try:
+        slots = int(raw)
+    except ValueError:
+        raise SettingsError(f"{source} must be a whole number, got {raw!r}") from None
+    if not 1 <= slots <= MAX_CONCURRENT_TASKS_LIMIT:
+        raise SettingsError(f"{source} must be from 1 to {MAX_CONCURRENT_TASKS_LIMIT}, got {slots}")
+    return slots
+
+
+def resolve_codex_bin(value: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """--codex-bin, else BOSS_WORKER_CODEX_BIN, else None (the runner discovers Codex itself).
+
+    A bare name ("codex") is looked up on PATH. Raises SettingsError when the given program does
+    not exist or is not executable.
+    """
+    variable = "BOSS_WORKER_CODEX_BIN"
+    source, raw = ("--codex-bin", str(value)) if value is not None else (variable, environ.get(variable, ""))
+    if not raw:
+        return None
+    if os.sep not in raw and "/" not in raw:
+        found = shutil.which(raw)
+        if found is None:
+            raise SettingsError(f"{source}: no program {raw!r} on PATH")
+        return Path(found)
+    path = Path(raw).expanduser()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise SettingsError(f"{source}: {path} is not an executable file")
+    return path.absolute()
+
+
+def local_agent_settings(
+    *,
+    enabled: bool | None,
+    codex_bin: Path | None = None,
+    codex_sandbox: str | None = None,
+    task_stall_timeout_s: float | None = None,
+    task_turn_cap_s: float | None = None,
+    max_concurrent_tasks: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> LocalAgentSettings | None:
+    """The local agent's settings from the command line (None = not given), the environment
+    (BOSS_WORKER_LOCAL_AGENT, BOSS_WORKER_CODEX_BIN, BOSS_WORKER_CODEX_SANDBOX,
+    BOSS_WORKER_TASK_STALL_TIMEOUT, BOSS_WORKER_TASK_TURN_CAP, BOSS_WORKER_MAX_CONCURRENT_TASKS,
+    BOSS_SCHEDULER_ADDRESS) and the defaults; None when the local agent is off (`enabled` False, or
+    not given and BOSS_WORKER_LOCAL_AGENT=off). Every value is checked even then.
+
+    Raises SettingsError naming the flag or variable: an unknown sandbox, a non-positive or
+    non-numeric timeout, slots outside 1-32, a Codex binary that is not an executable file.
+    """
+    environ = os.environ if environ is None else environ
+    on = _switch("BOSS_WORKER_LOCAL_AGENT", environ, default=True) if enabled is None else enabled
+    sandbox_source = "--codex-sandbox" if codex_sandbox is not None else "BOSS_WORKER_CODEX_SANDBOX"
+    sandbox = codex_sandbox if codex_sandbox is not None else environ.get("BOSS_WORKER_CODEX_SANDBOX", "")
+    sandbox = sandbox or DEFAULT_CODEX_SANDBOX
+    if sandbox not in CODEX_SANDBOXES:
+        raise SettingsError(f"{sandbox_source} must be one of {', '.join(CODEX_SANDBOXES)}, got {sandbox!r}")
+    settings = LocalAgentSettings(
+        scheduler_address=config.service_address("scheduler"),
+        codex_bin=resolve_codex_bin(codex_bin, environ),
+        codex_sandbox=sandbox,
+        stall_timeout_s=_positive_seconds(
+            task_stall_timeout_s,
+            "--task-stall-timeout",
+            "BOSS_WORKER_TASK_STALL_TIMEOUT",
+            environ,
+            DEFAULT_TASK_STALL_TIMEOUT_S,
+        ),
+        turn_cap_s=_positive_seconds(
+            task_turn_cap_s, "--task-turn-cap", "BOSS_WORKER_TASK_TURN_CAP", environ, DEFAULT_TASK_TURN_CAP_S
+        ),
+        max_concurrent_tasks=_task_slots(max_concurrent_tasks, environ),
+    )
+    return settings if on else None
+
+
 def settings_from_arguments(
     *,
     codex_home: Path | None,
@@ -160,12 +319,21 @@ def settings_from_arguments(
     once: bool,
     once_timeout_s: float = DEFAULT_ONCE_TIMEOUT_S,
     idle_after_s: float = DEFAULT_IDLE_AFTER_S,
+    local_agent: bool | None = None,
+    codex_bin: Path | None = None,
+    codex_sandbox: str | None = None,
+    task_stall_timeout_s: float | None = None,
+    task_turn_cap_s: float | None = None,
+    max_concurrent_tasks: int | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> WorkerSettings:
     """Resolve the command line (None = not given) against the environment and defaults.
 
+    `local_agent` False is --no-local-agent; the local agent's other values are resolved by
+    :func:`local_agent_settings`, and no local agent runs with `once`.
+
     Raises SettingsError for a missing Codex home (with `once`: one without any session), a
-    non-positive interval or timeout, or no way to get a token.
+    non-positive interval or timeout, no way to get a token, or a bad local-agent setting.
     """
     home = (codex_home.expanduser() if codex_home else default_codex_home(environ)).resolve()
     check_codex_home(home, require_sessions=once)
@@ -175,6 +343,15 @@ def settings_from_arguments(
         raise SettingsError(f"--timeout must be > 0 seconds, got {once_timeout_s}")
     if idle_after_s <= 0:
         raise SettingsError(f"--idle-after must be > 0 seconds, got {idle_after_s}")
+    agent = local_agent_settings(
+        enabled=local_agent,
+        codex_bin=codex_bin,
+        codex_sandbox=codex_sandbox,
+        task_stall_timeout_s=task_stall_timeout_s,
+        task_turn_cap_s=task_turn_cap_s,
+        max_concurrent_tasks=max_concurrent_tasks,
+        environ=environ,
+    )
     host = hostname()
     resolved_worker = worker_id or f"worker-{host}"
     resolved_node = node_id or host
@@ -191,4 +368,5 @@ def settings_from_arguments(
         once=once,
         once_timeout_s=once_timeout_s,
         idle_after_s=idle_after_s,
+        local_agent=None if once else agent,
     )

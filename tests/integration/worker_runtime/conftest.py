@@ -1,4 +1,5 @@
-"""Fixtures of the worker runtime integration tests (helpers in support.py)."""
+"""Fixtures of the worker runtime integration tests (helpers in support.py; the real Codex CLI's
+fixtures come from tests/codex_support.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.codex_support import (  # noqa: F401  (fixtures of the real Codex CLI, found by name)
+    codex_bin,
+    codex_home,
+    codex_settings,
+    demo_model,
+    new_codex_thread,
+)
 from tests.integration.worker_runtime.support import ContextBudgetHarness
 
 
