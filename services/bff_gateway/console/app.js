@@ -1,11 +1,12 @@
 // Boss web console: hash-routed views over the gateway's REST API, kept live by one EventSource.
 // Every percent and level shown comes from the server (CB-2); the home list, the project detail and
 // the thread page render the same `percent` and `level` fields with the same ring (CB-16, CB-19).
+// A single thread's project page carries its chat (chat_view.js).
 "use strict";
 
 const TOKEN_KEY = "boss.token";
 const state = { token: "", lastEventId: "", source: null, reconnectTimer: null, route: null, refreshTimer: null,
-  rendering: 0, missedWhileRendering: [], replaying: false, threadTitles: new Map() };
+  rendering: 0, missedWhileRendering: [], replaying: false, threadTitles: new Map(), chat: null };
 
 function takeToken() {
   const params = new URLSearchParams(location.search);
@@ -19,13 +20,30 @@ function takeToken() {
   return localStorage.getItem(TOKEN_KEY) || "";
 }
 
-async function api(path) {
-  const response = await fetch(path, { headers: { Authorization: "Bearer " + state.token } });
+// A call to the gateway's REST API as the token's owner: GET, or `method` (POST when only `body`
+// is given) with `body`, when given, as JSON. Resolves to the parsed answer; rejects with an
+// Error carrying `status` (0 when no answer came) and `problem` (the problem+json body, or {}).
+async function api(path, body, method) {
+  const headers = { Authorization: "Bearer " + state.token };
+  const init = { headers };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  if (method || body !== undefined) init.method = method || "POST";
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (cause) {
+    const error = new Error("no answer from the server");
+    Object.assign(error, { status: 0, problem: {}, cause });
+    throw error;
+  }
   if (!response.ok) {
-    let detail = response.statusText;
-    try { detail = (await response.json()).detail || detail; } catch (_) { /* not JSON */ }
-    const error = new Error(detail);
-    error.status = response.status;
+    let problem = {};
+    try { problem = (await response.json()) || {}; } catch (_) { /* not JSON */ }
+    const error = new Error(problem.detail || response.statusText);
+    Object.assign(error, { status: response.status, problem });
     throw error;
   }
   return response.json();
@@ -142,12 +160,34 @@ async function renderProject(view, projectId) {
   const project = await api("/api/v1/projects/" + encodeURIComponent(projectId));
   const threads = el("ul", { class: "list", id: "threads" }, project.active_thread_contexts.map(threadRow));
   state.threadTitles = new Map(project.active_thread_contexts.map((c) => [c.thread_id, c.title || c.thread_id]));
-  view.replaceChildren(
-    el("h1", { "data-project-id": project.project_id }, project.project_title),
-    el("section", {}, el("h2", {}, "Master agent's strategy"),
-      el("div", { class: "summary", id: "strategy" }, project.master_context_strategy_summary)),
-    el("section", {}, el("h2", {}, "Threads"),
-      el("div", { class: "sub", id: "risk" }, riskText(project, state.threadTitles)), threads));
+  const heading = el("h1", { "data-project-id": project.project_id }, project.project_title);
+  const strategy = el("section", {}, el("h2", {}, "Master agent's strategy"),
+    el("div", { class: "summary", id: "strategy" }, project.master_context_strategy_summary));
+  const threadList = el("section", {}, el("h2", {}, "Threads"),
+    el("div", { class: "sub", id: "risk" }, riskText(project, state.threadTitles)), threads);
+  if (project.conversation_type !== "single_device") {
+    dropChat();
+    view.replaceChildren(heading, strategy, threadList);
+    return;
+  }
+  // A single thread's project is its conversation: the chat (chat_view.js) under the thread's row.
+  const chat = chatFor(project);
+  await syncChat(chat);
+  const opening = chat.node.parentNode !== view;
+  showAround(view, chat.node, [heading, threadList], [strategy]);
+  if (opening) showLatest(chat);
+}
+
+// Shows `before`, `node`, `after` in `view` in that order; `node` stays in place when it is shown
+// already, so a send box being written in keeps its focus and caret through a refresh.
+function showAround(view, node, before, after) {
+  if (node.parentNode !== view) {
+    view.replaceChildren(...before, node, ...after);
+    return;
+  }
+  for (const child of [...view.children]) if (child !== node) child.remove();
+  node.before(...before);
+  node.after(...after);
 }
 
 // The project's risk line (from the project detail or a project.context_risk.updated event),
@@ -215,6 +255,7 @@ async function render() {
     return;
   }
   state.route = parseRoute();
+  if (state.route.name !== "project") dropChat();
   // Live events that arrive while the page is being fetched patch the old DOM, which the fetched
   // (possibly older) page then replaces: keep them and apply them again once the page is in place.
   state.rendering = (state.rendering || 0) + 1;
@@ -284,10 +325,18 @@ const handlers = {
   "thread.handoff.required"(data) { if (touches(data.thread_id, data.project_ids)) refreshSoon(); },
   "thread.handoff.ready"(data) { if (touches(data.thread_id, data.project_ids)) refreshSoon(); },
   "conversation.updated"() { if ((state.route || {}).name === "home") refreshSoon(); },
-  "conversation.message.created"() { if ((state.route || {}).name === "home") refreshSoon(); },
+  "conversation.message.created"(data) {
+    if ((state.route || {}).name === "home") refreshSoon();
+    chatMessageCreated(data);
+  },
+  "task.updated"(data) { chatTaskUpdated(data); },
   "thread.registered"() { if ((state.route || {}).name === "home") refreshSoon(); },
   "stream.opened"() { refreshSoon(); },
-  "stream.resync"() { refreshSoon(); },
+  "stream.resync"() {
+    if (state.replaying) return;
+    if (state.chat) forgetChatHistory(state.chat); // its sequences may be gone with the stream's history
+    refreshSoon();
+  },
 };
 
 function touches(threadId, projectIds) {
@@ -312,7 +361,12 @@ function connect() {
   if (state.lastEventId) params.set("last_event_id", state.lastEventId);
   const source = new EventSource("/api/v1/events?" + params.toString());
   state.source = source;
-  source.onopen = () => setLive("live");
+  source.onopen = () => {
+    setLive("live");
+    // A fresh stream starts at the head, and the gateway may have restarted in between: the chat
+    // catches up over REST on every (re)connect (chat_view.js).
+    if (state.chat) syncChat(state.chat);
+  };
   source.onerror = () => {
     setLive("reconnecting");
     if (source.readyState === EventSource.CLOSED) state.reconnectTimer = setTimeout(connect, 3000);

@@ -24,7 +24,7 @@ NODE = shutil.which("node")
 
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed (`apt-get install -y nodejs`)")
 
-# Loads times.js and app.js into one context (as index.html does) with just enough of a DOM for
+# Loads the console's scripts into one context (as index.html does) with just enough of a DOM for
 # app.js to start and render, then runs the JavaScript given as argv[3] and prints its result.
 HARNESS = r"""
 const fs = require("fs");
@@ -82,7 +82,7 @@ const context = {
   fetch: async () => ({ ok: true, json: async () => context.answer }),
 };
 vm.createContext(context);
-for (const file of ["times.js", "app.js"]) {
+for (const file of ["times.js", "chat.js", "chat_view.js", "app.js"]) {
   vm.runInContext(fs.readFileSync(path.join(process.argv[2], file), "utf8"), context, { filename: file });
 }
 vm.runInContext(`(async () => (${process.argv[3]}))()`, context).then(
