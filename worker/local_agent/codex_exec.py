@@ -291,7 +291,9 @@ async def run_codex_turn(
         return _refused(FailureKind.COULD_NOT_START, f"cannot take the thread's lock: {error}", started, "")
 
 
-async def _take_thread_lock(held: contextlib.ExitStack, codex_home: Path, thread_ref: str, wait_s: float) -> None:
+async def _take_thread_lock(
+    held: contextlib.ExitStack, codex_home: Path, thread_ref: str, wait_s: float
+) -> None:
     """Takes the thread's lock into `held`, retrying every LOCK_RETRY_INTERVAL_S for up to `wait_s`
     seconds while another run holds it. Raises ThreadBusyError when it is still held then."""
     deadline = time.monotonic() + wait_s

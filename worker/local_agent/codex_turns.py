@@ -29,9 +29,9 @@ another local agent of this machine) holds it, before failing as thread_busy (se
 
 def codex_run_settings(codex_home: Path, settings: LocalAgentSettings) -> CodexRunSettings:
     """How the worker runs Codex: its Codex home (`--codex-home`), `--codex-bin` (None: the
-    runner's discovery at each run), `--codex-sandbox`, `--task-stall-timeout` and
-    `--task-turn-cap` (seconds); approvals never prompt; a thread held by another Boss run is waited
-for up to CHAT_LOCK_WAIT_S."""
+        runner's discovery at each run), `--codex-sandbox`, `--task-stall-timeout` and
+        `--task-turn-cap` (seconds); approvals never prompt; a thread held by another Boss run is waited
+    for up to CHAT_LOCK_WAIT_S."""
     return CodexRunSettings(
         codex_bin=settings.codex_bin,
         codex_home=codex_home,
