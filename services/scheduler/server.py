@@ -1,11 +1,14 @@
-"""Composition root of the scheduler: database, outbox, handlers, the consumer of context_budget's
-stream, the expiry sweeper and the gRPC host.
+"""Composition root of the scheduler: database, outbox, handlers, the consumers of context_budget's
+and conversations' streams, the sweepers and the gRPC host.
 
 Background tasks: the outbox sequencer, the `EventConsumer` following context_budget's
 `WatchEvents` (durable cursor `context_budget` in `event_cursors`, service token from
 `config.auth_secret()`; after each committed batch it marks the changed projects for the strategy
-publisher), the `StrategyPublisher` (project.context_strategy.updated), and a sweeper expiring
-handoff packages every 30 s.
+publisher), the `StrategyPublisher` (project.context_strategy.updated), a sweeper expiring
+handoff packages every 30 s, and for tasks: the `EventConsumer` following conversations'
+`WatchEvents` (only `task.requested`, cursor `conversations`), the task sweeper (every
+BOSS_SCHEDULER_TASK_SWEEP_SECONDS, 1 s) and, on PostgreSQL, the LISTEN connection that wakes
+this process's waiting claims for enqueues committed by other scheduler processes.
 """
 
 from __future__ import annotations
@@ -20,12 +23,17 @@ from pathlib import Path
 import grpc
 from boss.common.v1 import events_pb2
 from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
+from boss.conversations.v1 import conversations_pb2, conversations_pb2_grpc
 from boss.scheduler.v1 import scheduler_pb2_grpc
 
 from services.scheduler.adapters import tables
 from services.scheduler.domain.model import SchedulerSettings
 from services.scheduler.service import BUDGET_EVENT, SchedulerHandlers
 from services.scheduler.servicer import SchedulerServicer
+from services.scheduler.tasks.handlers import TASK_REQUESTED, TaskHandlers
+from services.scheduler.tasks.model import TaskSettings
+from services.scheduler.tasks.servicer import TaskServicer
+from services.scheduler.tasks.wakeups import PostgresTaskListener, TaskWakeups, notify_channel
 from services.shared import config
 from services.shared.auth import TokenAuthority, bearer_metadata
 from services.shared.db import Database
@@ -57,6 +65,23 @@ def settings_from_environment() -> SchedulerSettings:
     )
 
 
+def task_settings_from_environment() -> TaskSettings:
+    """Task rules from the environment (seconds): BOSS_SCHEDULER_TASK_CLAIM_LEASE_SECONDS (30),
+    BOSS_SCHEDULER_TASK_RUN_LEASE_SECONDS (30), BOSS_SCHEDULER_DEVICE_PRESENCE_SECONDS (90),
+    BOSS_SCHEDULER_TASK_QUEUE_EXPIRY_SECONDS (900), BOSS_SCHEDULER_TASK_SWEEP_SECONDS (1)."""
+
+    def seconds(name: str, default: float) -> timedelta:
+        return timedelta(seconds=float(os.environ.get(f"BOSS_SCHEDULER_{name}_SECONDS") or default))
+
+    return TaskSettings(
+        claim_lease=seconds("TASK_CLAIM_LEASE", 30),
+        run_lease=seconds("TASK_RUN_LEASE", 30),
+        presence_window=seconds("DEVICE_PRESENCE", 90),
+        queue_expiry=seconds("TASK_QUEUE_EXPIRY", 900),
+        sweep_interval=seconds("TASK_SWEEP", 1),
+    )
+
+
 async def migrate(url: str, schema: str = SERVICE) -> None:
     """Applies the scheduler's migrations (in `schema`, default `scheduler`, on PostgreSQL)."""
     await asyncio.to_thread(upgrade_database, url, schema, MIGRATIONS_DIR)
@@ -79,15 +104,37 @@ def budget_stream_opener(address: str, token: str) -> StreamOpener:
     return open_stream
 
 
+def conversations_stream_opener(address: str, token: str) -> StreamOpener:
+    """A StreamOpener for EventConsumer: conversations' WatchEvents after a sequence, only
+    `task.requested` (every owner's: a service token)."""
+
+    async def open_stream(after_sequence: int) -> AsyncIterator[Sequence[events_pb2.EventEnvelope]]:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = conversations_pb2_grpc.ConversationsServiceStub(channel)
+            call = stub.WatchEvents(
+                conversations_pb2.WatchEventsRequest(after_sequence=after_sequence, types=[TASK_REQUESTED]),
+                metadata=bearer_metadata(token),
+            )
+            async for response in call:
+                yield response.events
+
+    return open_stream
+
+
 @dataclass
 class SchedulerApp:
-    """A wired scheduler: everything a process (or a test) runs."""
+    """A wired scheduler: everything a process (or a test) runs. `task_consumer` follows
+    conversations' stream (None when built without its address); `task_listener` is the LISTEN
+    connection (PostgreSQL only)."""
 
     database: Database
     event_log: EventLog
     handlers: SchedulerHandlers
     consumer: EventConsumer
     host: ServiceHost
+    tasks: TaskHandlers
+    task_consumer: EventConsumer | None = None
+    task_listener: PostgresTaskListener | None = None
 
 
 def expiry_sweeper(handlers: SchedulerHandlers) -> Callable[[], Awaitable[None]]:
@@ -109,8 +156,12 @@ def build(
     context_budget_address: str,
     settings: SchedulerSettings | None = None,
     schema: str = SERVICE,
+    conversations_address: str | None = None,
+    task_settings: TaskSettings | None = None,
 ) -> SchedulerApp:
-    """Wires the scheduler (nothing starts until `host.run()` / `host.start()`)."""
+    """Wires the scheduler (nothing starts until `host.run()` / `host.start()`). Tasks are created
+    from conversations' stream only when `conversations_address` is given (serve() always gives
+    it); `task_settings` default to the environment's (`task_settings_from_environment`)."""
     database = Database.connect(database_url, schema)
     event_log = EventLog(database, tables.metadata)
     handlers = SchedulerHandlers(database, event_log, settings or settings_from_environment())
@@ -125,17 +176,45 @@ def build(
         after_commit=handlers.budget_batch_committed,
     )
     handlers.upcoming = consumer.upcoming
-    servicer = SchedulerServicer(handlers, authority)
+    wakeups = TaskWakeups()
+    channel = notify_channel(database.schema)
+    tasks = TaskHandlers(
+        database, event_log, task_settings or task_settings_from_environment(), wakeups, channel
+    )
+    background = [
+        event_log.run_notifier,
+        consumer.run,
+        handlers.strategies.run,
+        expiry_sweeper(handlers),
+        tasks.run_sweeper,
+    ]
+    task_consumer = None
+    if conversations_address is not None:
+        task_consumer = EventConsumer(
+            stream_name="conversations",
+            database=database,
+            cursors=tables.event_cursors,
+            open_stream=conversations_stream_opener(conversations_address, authority.issue_service(SERVICE)),
+            handle=tasks.apply_task_requests,
+            event_log=event_log,
+            after_commit=tasks.requests_committed,
+        )
+        background.append(task_consumer.run)
+    task_listener = None
+    if database.dialect == "postgresql":
+        task_listener = PostgresTaskListener(database_url, channel, wakeups)
+        background.append(task_listener.run)
+    servicer = SchedulerServicer(handlers, authority, TaskServicer(tasks, authority))
     host = ServiceHost(
         name=SERVICE,
         listen=listen,
         register=lambda server: scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server),
         service_names=[SERVICE_NAME],
-        background=[event_log.run_notifier, consumer.run, handlers.strategies.run, expiry_sweeper(handlers)],
+        background=background,
         on_stop=[database.dispose],
         readiness_check=database.ping,
     )
-    return SchedulerApp(database, event_log, handlers, consumer, host)
+    return SchedulerApp(database, event_log, handlers, consumer, host, tasks, task_consumer, task_listener)
 
 
 async def serve() -> None:
@@ -149,6 +228,7 @@ async def serve() -> None:
         listen=service.listen,
         auth_secret=service.auth_secret,
         context_budget_address=config.service_address("context_budget"),
+        conversations_address=config.service_address("conversations"),
     )
     instrument_engine(app.database.writer)
     await app.event_log.ensure_sequencer_row()

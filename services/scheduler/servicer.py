@@ -22,6 +22,7 @@ from services.scheduler.domain.handoff import (
 )
 from services.scheduler.domain.model import Level, ThreadState
 from services.scheduler.service import SchedulerHandlers
+from services.scheduler.tasks.servicer import TaskServicer
 from services.shared.auth import (
     HANDOFF_CONSUME_SCOPES,
     SCOPE_EVENTS_READ,
@@ -223,11 +224,13 @@ def alert_message(alert: AlertRow) -> scheduler_pb2.HandoffAlert:
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
-    """`boss.scheduler.v1.SchedulerService` over the scheduler's handlers."""
+    """`boss.scheduler.v1.SchedulerService` over the scheduler's handlers; the task RPCs are
+    `TaskServicer`'s (services/scheduler/tasks/servicer.py)."""
 
-    def __init__(self, handlers: SchedulerHandlers, authority: TokenAuthority) -> None:
+    def __init__(self, handlers: SchedulerHandlers, authority: TokenAuthority, tasks: TaskServicer) -> None:
         self._handlers = handlers
         self._authority = authority
+        self._tasks = tasks
 
     def _worker(self, context: grpc.aio.ServicerContext, worker_id: str, node_id: str) -> Principal:
         principal = self._authority.authorize_grpc(context, SCOPE_HANDOFF_WRITE)
@@ -402,3 +405,35 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             self._handlers.event_log, request.after_sequence, list(request.types)
         ):
             yield scheduler_pb2.WatchEventsResponse(events=envelopes)
+
+    # ---- tasks: delegated to TaskServicer -------------------------------------------------------
+
+    async def ClaimTask(
+        self, request: scheduler_pb2.ClaimTaskRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ClaimTaskResponse:
+        """A node's local agent waits for its next task (TaskServicer.ClaimTask)."""
+        return await self._tasks.ClaimTask(request, context)
+
+    async def StartTask(
+        self, request: scheduler_pb2.StartTaskRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.StartTaskResponse:
+        """claimed -> running, fenced by the lease (TaskServicer.StartTask)."""
+        return await self._tasks.StartTask(request, context)
+
+    async def HeartbeatTask(
+        self, request: scheduler_pb2.HeartbeatTaskRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.HeartbeatTaskResponse:
+        """Renews a running task's lease (TaskServicer.HeartbeatTask)."""
+        return await self._tasks.HeartbeatTask(request, context)
+
+    async def FinishTask(
+        self, request: scheduler_pb2.FinishTaskRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.FinishTaskResponse:
+        """Finishes a running task, fenced by the lease (TaskServicer.FinishTask)."""
+        return await self._tasks.FinishTask(request, context)
+
+    async def GetTask(
+        self, request: scheduler_pb2.GetTaskRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.GetTaskResponse:
+        """One task (TaskServicer.GetTask)."""
+        return await self._tasks.GetTask(request, context)
