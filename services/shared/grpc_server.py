@@ -48,7 +48,9 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 def translate_errors(method: F) -> F:
     """Decorates a unary servicer method: a BossError aborts the call with its rich status
-    (code, message, google.rpc details); anything else propagates (gRPC reports UNKNOWN)."""
+    (code, message, google.rpc details); any other exception is logged with its traceback and
+    answered INTERNAL "internal error", so a caller never sees a statement, its parameters or a
+    traceback."""
 
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -56,6 +58,11 @@ def translate_errors(method: F) -> F:
             return await method(self, request, context)
         except BossError as error:
             await context.abort_with_status(grpc_status_of(error))
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("%s failed", method.__qualname__)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
 
     return wrapper  # type: ignore[return-value]
 

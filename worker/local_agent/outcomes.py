@@ -116,16 +116,23 @@ def bounded(text: str, limit: int) -> str:
     return text[: limit - len(note)] + note
 
 
+def without_nul(text: str) -> str:
+    """`text` with every NUL replaced by U+FFFD (the replacement character)."""
+    return text.replace("\x00", "\ufffd")
+
+
 def finish_fields(outcome: TurnOutcome) -> TurnOutcome:
     """`outcome` normalised for FinishTask: a turn with neither reply nor failure becomes
-    `no_reply`; reply and detail are cut to the RPC's limits (100,000 and 2,000 characters)."""
+    `no_reply`; NUL characters (which no stored text may hold) become U+FFFD, so a reply that
+    contains one is kept rather than refused; reply and detail are cut to the RPC's limits
+    (100,000 and 2,000 characters)."""
     if outcome.completed:
-        return replace(outcome, reply_text=bounded(outcome.reply_text, MAX_REPLY_CHARS))
+        return replace(outcome, reply_text=bounded(without_nul(outcome.reply_text), MAX_REPLY_CHARS))
     kind = outcome.failure_kind or "no_reply"
     detail = outcome.detail.strip() or (NO_REPLY_DETAIL if kind == "no_reply" else f"the run failed ({kind})")
     return TurnOutcome(
         failure_kind=kind,
-        detail=bounded(detail, MAX_DETAIL_CHARS),
+        detail=bounded(without_nul(detail), MAX_DETAIL_CHARS),
         codex_session_id=outcome.codex_session_id,
     )
 

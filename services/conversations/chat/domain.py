@@ -45,6 +45,12 @@ GATE_OPEN = "open"
 MAX_CLIENT_MESSAGE_ID_LENGTH = 200
 _CLIENT_MESSAGE_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
+NUL = "\x00"
+NUL_REFUSED = "must not contain NUL characters"
+"""The violation of a text holding NUL (the gateway's words for the same rule)."""
+NUL_REPLACEMENT = "\ufffd"
+"""What a NUL in a scheduler report's text becomes (U+FFFD), so the report can be stored."""
+
 METADATA_VIOLATION = "THREAD_METADATA"
 """`PreconditionViolation.type` of a missing piece of thread metadata."""
 
@@ -61,14 +67,17 @@ def is_terminal(status: str) -> bool:
 def check_post(text: str, client_message_id: str) -> list[FieldViolation]:
     """The violations of a PostMessage's fields, every one at once (empty when it is fine).
 
-    `text`: 1-100,000 characters (code points) and not only whitespace. `client_message_id`: 1-200
-    characters of A-Z, a-z, 0-9 and `.`, `_`, `:`, `-`.
+    `text`: 1-100,000 characters (code points), not only whitespace, and no NUL (PostgreSQL text
+    cannot hold it; refused on every database alike). `client_message_id`: 1-200 characters of
+    A-Z, a-z, 0-9 and `.`, `_`, `:`, `-`.
     """
     violations: list[FieldViolation] = []
     if not text.strip():
         violations.append(FieldViolation("text", "must not be empty or only whitespace"))
     elif len(text) > MAX_MESSAGE_LENGTH:
         violations.append(FieldViolation("text", f"must be at most {MAX_MESSAGE_LENGTH:,} characters"))
+    elif NUL in text:
+        violations.append(FieldViolation("text", NUL_REFUSED))
     if not client_message_id:
         violations.append(FieldViolation("client_message_id", "is required"))
     elif not _CLIENT_MESSAGE_ID.fullmatch(client_message_id):
@@ -300,15 +309,25 @@ def _instant(payload: Mapping[str, Any], name: str) -> datetime | None:
     return parsed
 
 
+def _storable_text(payload: Mapping[str, Any], name: str) -> str:
+    """A text of the payload ("" for null or absent) with NUL_REPLACEMENT for every NUL."""
+    return str(payload.get(name) or "").replace(NUL, NUL_REPLACEMENT)
+
+
 def parse_status_report(payload: Mapping[str, Any]) -> StatusReport:
     """A StatusReport from a `task.status_changed` payload.
 
-    Raises ValueError when task_id is missing, the status is not one of TASK_STATUSES, or an instant
-    is malformed (the caller skips such an event and logs it).
+    Texts (failure kind, detail, reply) get U+FFFD for every NUL: PostgreSQL text cannot hold NUL,
+    and a report that cannot be stored would stop the projection of every later one.
+
+    Raises ValueError when task_id is missing or holds NUL, the status is not one of TASK_STATUSES,
+    or an instant is malformed (the caller skips such an event and logs it).
     """
     task_id = str(payload.get("task_id") or "")
     if not task_id:
         raise ValueError("no task_id")
+    if NUL in task_id:
+        raise ValueError(f"task_id {task_id!r} holds NUL")
     status = str(payload.get("status") or "")
     if status not in TASK_STATUSES:
         raise ValueError(f"unknown status {status!r}")
@@ -316,9 +335,9 @@ def parse_status_report(payload: Mapping[str, Any]) -> StatusReport:
         task_id=task_id,
         owner_id=str(payload.get("owner_id") or ""),
         status=status,
-        failure_kind=str(payload.get("failure_kind") or ""),
-        status_detail=str(payload.get("status_detail") or ""),
-        reply_text=str(payload.get("reply_text") or ""),
+        failure_kind=_storable_text(payload, "failure_kind"),
+        status_detail=_storable_text(payload, "status_detail"),
+        reply_text=_storable_text(payload, "reply_text"),
         device_last_seen_at=_instant(payload, "device_last_seen_at"),
         heartbeat_at=_instant(payload, "heartbeat_at"),
         started_at=_instant(payload, "started_at"),

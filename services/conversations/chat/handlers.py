@@ -243,8 +243,9 @@ class ChatHandlers:
         """AddMessage: stores a message (any author kind, no task) with the next sequence and moves
         the conversation's latest_reply_at to now (UTC). Returns the message (`message_view` fields).
 
-        Raises InvalidArgument (author_kind, text, thread_id) and NotFound (PROJECT_NOT_FOUND)."""
-        violations: list[FieldViolation] = []
+        Raises InvalidArgument (project_id, author_kind, text, thread_id) and NotFound
+        (PROJECT_NOT_FOUND)."""
+        violations = _project_id_violations(project_id)
         check_message(author_kind, text, violations)
         check_id("thread_id", thread_id, violations, required=author_kind == "thread")
         raise_if_any(violations)
@@ -264,9 +265,9 @@ class ChatHandlers:
         (0: 50, at most 200). Returns (messages, next page token; "" on the last page). A page token
         holds to the request's project and after_sequence.
 
-        Raises InvalidArgument (page_size, after_sequence, page_token) and NotFound
+        Raises InvalidArgument (project_id, page_size, after_sequence, page_token) and NotFound
         (PROJECT_NOT_FOUND)."""
-        violations = check_after_sequence(after_sequence)
+        violations = [*_project_id_violations(project_id), *check_after_sequence(after_sequence)]
         size = check_page_size(page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, violations)
         after = max(after_sequence, 0)
         filters = fingerprint("messages", project_id, owner, str(after))
@@ -303,12 +304,12 @@ class ChatHandlers:
         and stores nothing, also when it raced the first one (the unique index refuses the second
         insert; the stored one is answered).
 
-        Raises InvalidArgument (text, client_message_id), NotFound (PROJECT_NOT_FOUND),
+        Raises InvalidArgument (project_id, text, client_message_id), NotFound (PROJECT_NOT_FOUND),
         AlreadyExists (CLIENT_MESSAGE_ID_REUSED: the key was sent before with another text) and
         FailedPrecondition (CHAT_PATH_NOT_AVAILABLE, THREAD_ARCHIVED, THREAD_METADATA_INCOMPLETE:
         `check_chat_target`; nothing is stored, so the client keeps its draft).
         """
-        raise_if_any(check_post(text, client_message_id))
+        raise_if_any([*_project_id_violations(project_id), *check_post(text, client_message_id)])
         if project_id == MASTER_ALIAS:  # the master agent's chat is not built yet, known or not
             check_chat_target(project_id, MASTER_AGENT, False, None)
         try:
@@ -525,6 +526,15 @@ async def _repeat(chat: SqlAlchemyChatRepository, stored: dict[str, Any], text: 
     task = await chat.current_task_of_message(stored["message_id"])
     gate = await gate_of(chat, task) if task is not None else collaboration_gate(0, 0)
     return SentMessage(stored, task, gate, created=False)
+
+
+def _project_id_violations(project_id: str) -> list[FieldViolation]:
+    """A project id no project has (empty, over 200 characters, control characters such as NUL,
+    surrounding spaces) is a bad argument, not an unknown project: PostgreSQL could not even
+    compare a NUL."""
+    violations: list[FieldViolation] = []
+    check_id("project_id", project_id, violations)
+    return violations
 
 
 def _task_id_violations(task_id: str) -> list[FieldViolation]:

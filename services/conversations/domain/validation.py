@@ -56,13 +56,16 @@ def check_group_threads(thread_ids: Sequence[str], violations: list[FieldViolati
 
 
 def check_message(author_kind: str, text: str, violations: list[FieldViolation]) -> None:
-    """author_kind one of user|thread|master|system; text 1-100,000 characters."""
+    """author_kind one of user|thread|master|system; text 1-100,000 characters without NUL
+    (PostgreSQL text cannot hold it; refused on every database alike)."""
     if author_kind not in AUTHOR_KINDS:
         violations.append(FieldViolation("author_kind", f"must be one of {', '.join(AUTHOR_KINDS)}"))
     if not text.strip():
         violations.append(FieldViolation("text", "must not be empty"))
     elif len(text) > MAX_MESSAGE_LENGTH:
         violations.append(FieldViolation("text", f"must be at most {MAX_MESSAGE_LENGTH} characters"))
+    elif "\x00" in text:
+        violations.append(FieldViolation("text", "must not contain NUL characters"))
 
 
 def raise_if_any(violations: list[FieldViolation]) -> None:

@@ -126,7 +126,8 @@ async def test_nothing_is_stored_when_the_transaction_cannot_commit(stack: Stack
     try:
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await post(stack, project_id, "hello", "c-1")
-        assert raised.value.code() == grpc.StatusCode.UNKNOWN
+        assert raised.value.code() == grpc.StatusCode.INTERNAL
+        assert raised.value.details() == "internal error"
         assert await stored_counts(stack) == (0, 0)
     finally:
         async with stack.app.database.transaction() as connection:

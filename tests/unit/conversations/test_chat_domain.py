@@ -58,6 +58,12 @@ def test_text_may_hold_100000_characters_and_not_one_more() -> None:
     assert violations[0].description == "must be at most 100,000 characters"
 
 
+@pytest.mark.parametrize("text", ["\x00", "run\x00the tests", "x" * 99_999 + "\x00"])
+def test_text_holding_nul_is_refused(text: str) -> None:
+    violations = check_post(text, "c-1")
+    assert [(v.field, v.description) for v in violations] == [("text", "must not contain NUL characters")]
+
+
 @pytest.mark.parametrize("client_message_id", ["a", "A-z_0.9:x", "2026-12-01T10:00:00.123Z", "c" * 200])
 def test_client_message_ids_of_the_allowed_characters_pass(client_message_id: str) -> None:
     assert check_post("hello", client_message_id) == []
@@ -223,10 +229,28 @@ def test_status_reports_are_parsed_from_the_schedulers_task_json() -> None:
     assert parsed.updated_at == datetime(2026, 12, 1, 10, 0, 2, 500_000, tzinfo=UTC)
 
 
+def test_nul_in_a_reports_texts_becomes_the_replacement_character() -> None:
+    parsed = parse_status_report(
+        {
+            "task_id": "task-1",
+            "status": "failed",
+            "failure_kind": "other\x00",
+            "status_detail": "\x00codex said\x00",
+            "reply_text": "a\x00b",
+        }
+    )
+    assert (parsed.failure_kind, parsed.status_detail, parsed.reply_text) == (
+        "other\ufffd",
+        "\ufffdcodex said\ufffd",
+        "a\ufffdb",
+    )
+
+
 @pytest.mark.parametrize(
     ("payload", "complaint"),
     [
         ({"status": "running"}, "no task_id"),
+        ({"task_id": "task-1\x00", "status": "running"}, "holds NUL"),
         ({"task_id": "t", "status": "paused"}, "unknown status"),
         ({"task_id": "t", "status": "running", "updated_at": "yesterday"}, "Invalid isoformat"),
         ({"task_id": "t", "status": "running", "updated_at": "2026-12-01T10:00:00"}, "no UTC offset"),

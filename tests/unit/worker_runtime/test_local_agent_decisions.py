@@ -197,6 +197,11 @@ def test_a_failure_without_words_still_says_what_failed() -> None:
     assert finish(TurnOutcome.failed("model_error", " ")).status_detail == "the run failed (model_error)"
 
 
+def test_nul_in_a_reply_or_detail_becomes_the_replacement_character_so_the_reply_is_kept() -> None:
+    assert finish(TurnOutcome.replied("before\x00after")).reply_text == "before\ufffdafter"
+    assert finish(TurnOutcome.failed("other", "bad\x00byte")).status_detail == "bad\ufffdbyte"
+
+
 def test_reply_and_detail_are_cut_to_the_finish_limits_saying_so() -> None:
     reply = finish(TurnOutcome.replied("r" * 150_000)).reply_text
     detail = finish(TurnOutcome.failed("other", "d" * 5_000)).status_detail
