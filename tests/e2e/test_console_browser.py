@@ -185,6 +185,12 @@ def test_ring_moves_live_and_agrees_everywhere(services: str) -> None:
             expect(items.first.locator(".label")).to_have_css("text-decoration-line", "none")
             report(services, worker_token, 18.0, "critical")
             expect(page.locator("#budget-percent")).to_have_text("18% (critical)", timeout=10_000)
+            # The thread page leads to the thread's conversation, where its chat is.
+            page.locator("#thread-conversations a").first.click()
+            expect(page).to_have_url(re.compile(r"#/projects/proj-"), timeout=5_000)
+            expect(page.locator("#threads .ring[data-thread-id='thread-e2e']")).to_have_attribute(
+                "data-percent", "18", timeout=10_000
+            )
             assert errors == []
         finally:
             browser.close()

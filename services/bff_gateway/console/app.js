@@ -219,7 +219,13 @@ async function renderThread(view, threadId) {
     el("section", {}, el("h2", {}, "Wrap-up checklist"),
       page.wrap_up_checklist.length
         ? el("ul", { class: "checklist" }, page.wrap_up_checklist.map(checklistItem))
-        : el("div", { class: "sub" }, "nothing to wrap up yet")));
+        : el("div", { class: "sub" }, "nothing to wrap up yet")),
+    // The chat with a thread lives on its conversation (its single-device project, or a group).
+    el("section", {}, el("h2", {}, "Chat"),
+      page.project_ids.length
+        ? el("ul", { id: "thread-conversations" }, page.project_ids.map((projectId) =>
+            el("li", {}, el("a", { href: "#/projects/" + encodeURIComponent(projectId) }, "Open the conversation"))))
+        : el("div", { class: "sub" }, "this thread is in no conversation")));
 }
 
 // One wrap-up checklist line: `status` is done | missing | pending; the mark is text, so what is
