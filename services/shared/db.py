@@ -12,11 +12,24 @@ Two backends, one code path:
 Services write through `Database.transaction()`: one transaction, committed when the block exits
 normally and rolled back on any exception (including cancellation), so nothing half-written is stored
 and nothing is acknowledged before it commits.
+
+A task cancelled while a SQLite statement runs (a client disconnecting from a stream, a shutdown)
+must not leave the write lock behind. SQLAlchemy treats the cancellation as a lost connection: it
+discards the connection and closes it without rolling back. The driver's thread finishes the
+statement meanwhile, and a statement that returns rows is then left unfinished on its cursor, which
+the cancelled task's traceback keeps alive. SQLite's close of a connection with an unfinished
+statement only marks it for closing once the statement is finalised, and keeps its transaction and
+its lock until then (until the garbage collector frees that traceback): every other write of the
+process would wait the busy timeout and fail with "database is locked". So SQLite connections are
+`_SQLiteConnection`s, whose close first closes their cursors and rolls back, all in the close's one
+call on the driver's thread, which runs to completion once queued, whatever happens to the caller.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sqlite3
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +44,38 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 def is_sqlite(url: str) -> bool:
     """True for SQLite URLs."""
     return make_url(url).get_backend_name() == "sqlite"
+
+
+class _SQLiteConnection(sqlite3.Connection):
+    """A sqlite3 connection whose `close()` cannot leave a transaction or its lock behind.
+
+    `sqlite3.Connection.close()` of a connection whose cursor still holds an unfinished statement
+    (one that returned rows not all fetched, e.g. when the task awaiting it was cancelled) does not
+    close it: SQLite defers the close until the statement is finalised and keeps the open
+    transaction, and with it the write lock, until then. This close closes every cursor this
+    connection made (finalising their statements) and rolls back an open transaction first, then
+    closes; all of it runs on the driver's thread as one queued call.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._cursors: weakref.WeakSet[sqlite3.Cursor] = weakref.WeakSet()
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        """`sqlite3.Connection.cursor`, remembering the cursor (weakly) for `close()`."""
+        cursor = super().cursor(*args, **kwargs)
+        self._cursors.add(cursor)
+        return cursor
+
+    def close(self) -> None:
+        """Closes this connection's cursors, rolls back an open transaction, then closes."""
+        try:
+            for cursor in list(self._cursors):
+                cursor.close()
+            if self.in_transaction:
+                self.rollback()
+        finally:
+            super().close()
 
 
 def _configure_sqlite(engine: AsyncEngine, begin_statement: str) -> None:
@@ -63,7 +108,9 @@ def create_engine(url: str, schema: str | None, *, writer: bool = True, pool_siz
         pool_size: PostgreSQL connection pool size.
     """
     if is_sqlite(url):
-        engine = create_async_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        engine = create_async_engine(
+            url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "factory": _SQLiteConnection}
+        )
         _configure_sqlite(engine, "BEGIN IMMEDIATE" if writer else "BEGIN")
         return engine
     connect_args: dict[str, Any] = {}
