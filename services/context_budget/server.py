@@ -177,6 +177,7 @@ def build_service(
         register=register,
         service_names=[GRPC_SERVICE_NAME],
         background=[event_log.run_notifier],
+        on_draining=[event_log.end_followers],
         on_stop=[batcher.close, database.dispose],
         readiness_check=database.ping,
     )

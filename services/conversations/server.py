@@ -128,6 +128,7 @@ class ConversationsApp:
             ),
             service_names=[SERVICE_NAME],
             background=background,
+            on_draining=[self.event_log.end_followers],
             on_stop=[self.database.dispose],
             readiness_check=self.database.ping,
         )

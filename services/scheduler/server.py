@@ -211,6 +211,7 @@ def build(
         register=lambda server: scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server),
         service_names=[SERVICE_NAME],
         background=background,
+        on_draining=[event_log.end_followers],
         on_stop=[database.dispose],
         readiness_check=database.ping,
     )

@@ -118,6 +118,9 @@ class ServiceHost:
         register: adds the service's servicers to the server.
         service_names: fully qualified gRPC service names (for health and reflection).
         background: coroutine factories started after the server (notifier, consumers...).
+        on_draining: called (synchronously) as soon as shutdown begins, before the server stops
+            taking calls and waits for the open ones: e.g. `EventLog.end_followers`, so event
+            streams end at once instead of holding the shutdown for its whole grace period.
         on_stop: awaited after the server stopped (close databases, flush).
         readiness_check: raises when the service cannot do its work (e.g. its database is
             unreachable); polled every READINESS_INTERVAL_SECONDS by `run()`, see `watch_readiness`.
@@ -128,6 +131,7 @@ class ServiceHost:
     register: Callable[[grpc.aio.Server], None]
     service_names: Iterable[str]
     background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    on_draining: list[Callable[[], None]] = field(default_factory=list)
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     readiness_check: Callable[[], Awaitable[None]] | None = None
 
@@ -175,6 +179,8 @@ class ServiceHost:
         finally:
             log.info("%s shutting down", self.name)
             await health.enter_graceful_shutdown()
+            for draining in self.on_draining:
+                draining()
             await server.stop(GRACE_SECONDS)
             for task in tasks:
                 task.cancel()

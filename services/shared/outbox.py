@@ -241,7 +241,16 @@ class EventLog:
         self._sequencer = metadata.tables["outbox_sequencer"]
         self._changed = asyncio.Event()
         self._recent: deque[StoredEvent] = deque(maxlen=RECENT_EVENTS_LIMIT)
+        self._followers_ended = False
         self.last_sequence = 0
+
+    def end_followers(self) -> None:
+        """Ends every `follow_batches` of this process (now and later): each returns after what it
+        already read, so a `WatchEvents` stream ends normally and its consumer reconnects, to
+        another replica or to this service once it is back. Called when the process starts
+        draining, so a shutdown does not wait out its grace period for streams that never end."""
+        self._followers_ended = True
+        self._signal()
 
     async def append(
         self,
@@ -548,9 +557,10 @@ class EventLog:
         """Yields every event after `after_sequence` in runs (never empty, in sequence order, at
         most `limit` each): the backlog first, then live ones as they are sequenced; one run is what
         one read found, so events committed together arrive together. Never skips and never
-        repeats. Runs until the consumer stops iterating. `decode`: as for `read_after`."""
+        repeats. Runs until the consumer stops iterating, or until `end_followers()`. `decode`: as
+        for `read_after`."""
         cursor = after_sequence
-        while True:
+        while not self._followers_ended:
             marker = self.change_marker()
             remembered = self._recent_after(cursor, limit, types, decode)
             if remembered is not None:

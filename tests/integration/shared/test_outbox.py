@@ -243,3 +243,29 @@ async def test_a_gap_in_the_window_falls_back_to_the_table(database_target: Data
     finally:
         await runs.aclose()
         await database.dispose()
+
+
+async def test_end_followers_ends_a_waiting_follow_after_what_it_read(database_target: DatabaseTarget) -> None:
+    """A draining process ends its event streams: a follower waiting for new events returns
+    (instead of holding the shutdown for its grace period), after yielding what it had read, and a
+    follow started later ends at once."""
+    database, event_log = await open_log(database_target)
+    try:
+        event_log.kick(await publish(database, event_log, "a", "b"))
+        seen: list[str] = []
+
+        async def follow() -> None:
+            async for run in event_log.follow_batches(0, poll_seconds=30):
+                seen.extend(event.payload["name"] for event in run)
+
+        following = asyncio.create_task(follow())
+        while len(seen) < 2:
+            await asyncio.sleep(0.01)
+        assert not following.done()
+        event_log.end_followers()
+        await asyncio.wait_for(following, timeout=5)
+        assert seen == ["a", "b"]
+        later = [run async for run in event_log.follow_batches(0)]
+        assert later == []
+    finally:
+        await database.dispose()

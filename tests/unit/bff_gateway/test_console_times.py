@@ -161,6 +161,7 @@ def test_thread_page_shows_the_handoff_reasons_time_locally_with_the_iso_on_hove
         "handoff_package_id": "hp-1",
         "handoff_reason": f"compaction expected at {iso}",
         "wrap_up_checklist": [],
+        "project_ids": ["proj-1"],
     }
     result = run_console(
         tmp_path,
