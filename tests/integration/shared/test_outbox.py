@@ -245,7 +245,9 @@ async def test_a_gap_in_the_window_falls_back_to_the_table(database_target: Data
         await database.dispose()
 
 
-async def test_end_followers_ends_a_waiting_follow_after_what_it_read(database_target: DatabaseTarget) -> None:
+async def test_end_followers_ends_a_waiting_follow_after_what_it_read(
+    database_target: DatabaseTarget,
+) -> None:
     """A draining process ends its event streams: a follower waiting for new events returns
     (instead of holding the shutdown for its grace period), after yielding what it had read, and a
     follow started later ends at once."""
