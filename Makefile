@@ -64,13 +64,16 @@ test-unit: setup ## only the pure unit tests
 lint: setup ## ruff, mypy and buf lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy services worker demo_model
+	$(VENV)/bin/mypy services worker boss_common demo_model
 	cd protos && ../$(VENV)/bin/buf lint
+
+worker-wheel: setup ## build the device worker's own package (packaging/worker/) into dist/
+	PYTHON=$(PY) ./scripts/build_worker_wheel.sh dist
 
 bench: setup ## run the benchmarks against PostgreSQL (see bench/RESULTS.md)
 	$(PY) -m bench.run_all
 
 clean: ## remove generated code and local data (keeps the virtualenv)
-	rm -rf gen var protos/third_party
+	rm -rf gen var protos/third_party dist
 
-.PHONY: help setup browser codex generate run test test-unit lint bench clean
+.PHONY: help setup browser codex generate run test test-unit lint worker-wheel bench clean

@@ -113,6 +113,7 @@ LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ [\w.]+: (.*)
 STARTED_LINE = re.compile(r"^task (\S+) started: ")
 SPAWNED_LINE = re.compile(r"^started codex pid \d+ for thread ")
 HELPERS_LINE = re.compile(r"^stopping \d+ process group\(s\) left behind")
+LEFTOVERS_LINE = re.compile(r"^codex run for thread \S+: leftovers stopped ([\d.]+) s after its result")
 CODEX_ENDED_LINE = re.compile(r"^codex run for thread \S+ ended \w+ \(exit [-\d]+\) in ([\d.]+) s")
 PR_SET_CHILD_SUBREAPER = 36
 """prctl option (Linux): orphaned descendants are re-parented to this process instead of init."""
@@ -283,7 +284,8 @@ def start_worker(stack: Stack) -> ServiceProcess:
         "--codex-bin",
         str(stack.codex_bin),
     ]
-    environment = {**stack.environment, "BOSS_LOG_LEVEL": "DEBUG"}
+    token = TokenAuthority(SECRET).issue_worker(WORKER_ID, NODE_ID)  # the worker signs none itself
+    environment = {**stack.environment, "BOSS_LOG_LEVEL": "DEBUG", "BOSS_WORKER_TOKEN": token}
     with WORKER_LOG.open("wb") as log_file:
         process = subprocess.Popen(
             command,
@@ -438,13 +440,16 @@ class WorkerRun:
     """What the worker's log says of one task (epoch seconds, millisecond resolution): when its
     agent had started it (StartTask answered), when the runner had spawned Codex, when it began
     stopping the process groups Codex left behind (None when there were none), when it returned,
-    and its own duration of the run (seconds, 10 ms resolution)."""
+    its own duration of the run (seconds, 10 ms resolution), and how long after returning it had
+    stopped what Codex left running and released the thread (seconds; the runner does that after
+    the turn's result, holding the thread's lock)."""
 
     started_at: float
     codex_spawned_at: float | None = None
     helpers_stopping_at: float | None = None
     codex_ended_at: float | None = None
     codex_seconds: float | None = None
+    leftovers_seconds: float | None = None
 
 
 def log_instant(stamp: str) -> float:
@@ -473,6 +478,8 @@ def worker_runs(log_text: str) -> dict[str, WorkerRun]:
         elif ended := CODEX_ENDED_LINE.match(message):
             current.codex_ended_at = instant
             current.codex_seconds = float(ended.group(1))
+        elif leftovers := LEFTOVERS_LINE.match(message):
+            current.leftovers_seconds = float(leftovers.group(1))
     return runs
 
 
@@ -490,6 +497,7 @@ class BossTurn:
     reply_ok: bool
     instants: dict[str, float] = field(default_factory=dict)
     runner_seconds: float | None = None
+    leftovers_seconds: float | None = None
 
 
 def become_subreaper() -> bool:
@@ -673,6 +681,7 @@ async def run_pairs(stack: Stack, pairs: int, interval: float) -> Measured:
                 turn.instants[name] = instant
         if run.codex_seconds is not None:
             turn.runner_seconds = run.codex_seconds
+        turn.leftovers_seconds = run.leftovers_seconds
     return measured
 
 
@@ -684,8 +693,9 @@ def hop_split(turns: list[BossTurn], bare: list[float]) -> dict[str, Any]:
     """Percentiles (ms) of each instant after the send (cumulative) and of each step between
     consecutive instants, over the turns that have every instant; and the worker's side against
     the paired bare run: the runner's own duration, spawn -> runner returned beyond the bare run
-    (what the runner adds while and after Codex runs), the stop of the process groups Codex left
-    behind (and in how many turns there were some), and running -> completed beyond the bare run."""
+    (what the runner adds while and after Codex runs), how long after returning the runner had
+    stopped what Codex left running (off the turn's path: it holds the thread meanwhile; in how
+    many turns Codex left process groups behind), and running -> completed beyond the bare run."""
     complete = [turn for turn in turns if all(hop in turn.instants for hop in HOPS)]
     cumulative = {
         hop: percentiles_ms([turn.instants[hop] - turn.sent_at for turn in complete]) for hop in HOPS
@@ -706,8 +716,8 @@ def hop_split(turns: list[BossTurn], bare: list[float]) -> dict[str, Any]:
                 for turn, seconds in pairs
             ]
         ),
-        "helpers_stopping_to_runner_returned": percentiles_ms(
-            [turn.instants["codex_ended"] - turn.instants["helpers_stopping"] for turn in with_helpers]
+        "runner_returned_to_leftovers_stopped": percentiles_ms(
+            [turn.leftovers_seconds for turn in complete if turn.leftovers_seconds is not None]
         ),
         "turns_with_helpers_left_behind": len(with_helpers),
         "running_to_completed_minus_bare": percentiles_ms(

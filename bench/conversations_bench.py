@@ -711,7 +711,7 @@ class BackgroundLoad:
                 "--address",
                 f"127.0.0.1:{ports['CONTEXT_BUDGET']}",
                 "--token",
-                authority.issue_worker(BACKGROUND_WORKER, BACKGROUND_NODE),
+                authority.issue_worker(BACKGROUND_WORKER, BACKGROUND_NODE, owner_id=BACKGROUND_OWNER),
                 "--rate",
                 str(rate),
                 "--batch",
@@ -745,7 +745,7 @@ class BackgroundLoad:
 
 async def register_background(conversations_address: str, authority: TokenAuthority) -> None:
     """Registers the background load's threads for owner BACKGROUND_OWNER."""
-    worker = authority.issue_worker(BACKGROUND_WORKER, BACKGROUND_NODE)
+    worker = authority.issue_worker(BACKGROUND_WORKER, BACKGROUND_NODE, owner_id=BACKGROUND_OWNER)
     await register_threads(
         conversations_address,
         worker,

@@ -1,11 +1,13 @@
 """Entry point of `make bench`: runs every benchmark module present, one after the other.
 
 Modules, in order: bench.ingest_bench, bench.scheduler_bench, bench.conversations_bench,
-bench.chat_bench. A module that does not exist (yet) is skipped and said so; one without a
-`main()` is reported as broken. Each `main()` takes no arguments and returns an exit code (None
-counts as 0). Each module writes its own JSON under bench/output/; this prints where the results
-went and exits with the worst code (0 when every module present succeeded). The analysis of all
-of them lives in one file, bench/RESULTS.md (sections Ingest, Scheduler, Conversations, Chat turn).
+bench.chat_bench, bench.tasks_bench, bench.plan_bench, bench.group_bench, bench.retention_bench. A
+module that does not exist (yet) is skipped and said so; one without a `main()` is reported as
+broken. Each `main()` takes no arguments and returns an exit code (None counts as 0). Each module
+writes its own JSON under bench/output/; this prints where the results went and exits with the
+worst code (0 when every module present succeeded). The analysis of all of them lives in one file,
+bench/RESULTS.md (sections Ingest, Scheduler, Conversations, Chat turn, Tasks and leases, Group
+chat, Retention).
 
 Run: `make bench` or `PYTHONPATH=.:gen .venv/bin/python -m bench.run_all`.
 """
@@ -19,7 +21,16 @@ import time
 import traceback
 from pathlib import Path
 
-MODULES = ("bench.ingest_bench", "bench.scheduler_bench", "bench.conversations_bench", "bench.chat_bench")
+MODULES = (
+    "bench.ingest_bench",
+    "bench.scheduler_bench",
+    "bench.conversations_bench",
+    "bench.chat_bench",
+    "bench.tasks_bench",
+    "bench.plan_bench",
+    "bench.group_bench",
+    "bench.retention_bench",
+)
 OUTPUT_DIR = Path(__file__).resolve().parent / "output"
 
 

@@ -65,6 +65,24 @@ def summary_text(view: RequestView) -> str:
 
 
 @dataclass(frozen=True)
+class MasterPromptReply:
+    """A master agent prompt that came through Codex (master_codex_node): its question (markers are
+    read there only: the state it carries quotes other messages) and the demo's answer."""
+
+    question: str
+    reply: str
+
+
+def master_prompt_reply(user_text: str) -> MasterPromptReply | None:
+    """The answer to a ``[boss:master_chat]`` prompt (:mod:`demo_model.master_answers`), None for
+    any other message."""
+    from demo_model.master_answers import codex_master_reply, question_of  # it imports this module
+
+    reply = codex_master_reply(user_text)
+    return MasterPromptReply(question_of(user_text), reply) if reply is not None else None
+
+
+@dataclass(frozen=True)
 class HttpError:
     """An HTTP error answer: ``status`` and the JSON ``body`` (OpenAI's ``{"error": {...}}`` shape)."""
 
@@ -117,7 +135,8 @@ def plan_response(body: Mapping[str, Any], usage_model: UsageModel) -> ResponseP
     if view.kind is RequestKind.REMOTE_COMPACTION:
         item = compaction_item(summary_text(view))
         return ResponsePlan(view, Directives(), usage, events=completed_stream(response_id, [item], usage))
-    directives = parse_directives(view.user_text)
+    master = master_prompt_reply(view.user_text)
+    directives = parse_directives(master.question if master else view.user_text)
     plan = ResponsePlan(view, directives, usage, delay_seconds=directives.slow_seconds)
     if directives.failure is not None:
         return _failure_plan(plan, directives.failure, response_id)
@@ -126,6 +145,8 @@ def plan_response(body: Mapping[str, Any], usage_model: UsageModel) -> ResponseP
         return replace(plan, events=completed_stream(response_id, [item], usage))
     if directives.shell_command is not None and view.tool_output is not None:
         text = tool_reply_text(view.user_text, directives.shell_command, view.tool_output)
+    elif master is not None:
+        text = master.reply
     else:
         text = reply_text(view.user_text)
     return replace(plan, events=completed_stream(response_id, [message_item(text)], usage))

@@ -170,6 +170,14 @@ class DemoModelServer:
 
 
 def serve(host: str, port: int, usage_model: UsageModel) -> None:
-    """Serves the demo model in the foreground until SIGINT/SIGTERM (uvicorn's own logging)."""
+    """Serves the demo model in the foreground until SIGINT/SIGTERM (uvicorn's own logging); open
+    requests (a slow or stalled answer) get STOP_GRACE_S seconds when it stops."""
     _quiet_upgrade_refusals()
-    uvicorn.run(create_app(usage_model), host=host, port=port, log_level="info", lifespan="off")
+    uvicorn.run(
+        create_app(usage_model),
+        host=host,
+        port=port,
+        log_level="info",
+        lifespan="off",
+        timeout_graceful_shutdown=STOP_GRACE_S,
+    )

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -67,6 +66,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from boss_common.waiting import wait_until_set
 from demo_model.codex_home import demo_model_environment, write_codex_home
 from worker.local_agent.codex_exec import (
     CodexRunSettings,
@@ -156,8 +156,13 @@ DEMO_PLANS: tuple[DemoThreadPlan, ...] = (
             "Make the late-fee calculation use the due date in the customer's time zone.",
             "Refactor the invoice total so discounts apply before tax.",
         ),
-        initial_turns=2,
-        turn_every=2,
+        initial_turns=1,
+        # The calm thread: one turn to start (no growth rate yet, so no compaction expected soon),
+        # then a turn every 30 ticks (2 minutes at the default interval), which keeps its expected
+        # compaction beyond the scheduler's 10-minute horizon for its first ~20 minutes: no
+        # handoff under way, so a group plan can send it work, while the others, a turn every few
+        # seconds, are always near a compaction.
+        turn_every=30,
     ),
     DemoThreadPlan(
         name="ios-sync-client",
@@ -187,7 +192,8 @@ DEMO_PLANS: tuple[DemoThreadPlan, ...] = (
         turn_every=1,
     ),
 )
-"""The built-in demo threads: one safe, one at watch, one critical and about to compact."""
+"""The built-in demo threads: one safe and calm (new work can go to it), one at watch with an
+uncommitted change (must finish first), one critical and about to compact."""
 
 
 def demo_plans(count: int) -> list[DemoThreadPlan]:
@@ -530,9 +536,7 @@ async def grow_live(
     tick = 0
     while not stop.is_set():
         tick += 1
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), max(0.0, started + tick * interval_s - time.monotonic()))
-        if stop.is_set():
+        if await wait_until_set(stop, max(0.0, started + tick * interval_s - time.monotonic())):
             return
         due = [live[plan.name] for plan in due_on_tick([v.plan for v in live.values()], tick)]
         for updated in await asyncio.gather(*(grow_once(entry, settings, stop) for entry in due)):

@@ -11,6 +11,10 @@ and, through its local agent, answers chat messages with a real `codex exec resu
   threads driven against it (`python -m demo_model.threads --live`), which grow a turn at a time into
   real compactions while you chat with them. Needs the real Codex CLI (`make codex`).
 
+The master agent's chat answers through the demo model too (BOSS_MASTER_BACKEND=openai_api against
+its Chat Completions endpoint), unless BOSS_MASTER_BACKEND is set already: then the master agent
+uses what you configured (services/conversations/master/settings.py), e.g. a real endpoint.
+
 It prints which Codex answers chat, a client token and the URLs to open, then a table of every
 thread's context budget as the gateway reports it, refreshed every few seconds, and a "Ready:" line
 once every thread has one. Ctrl-C stops everything cleanly. Logs of each process are in
@@ -34,7 +38,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -42,12 +46,16 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from demo_model.codex_home import demo_model_environment
+from boss_common.waiting import wait_until_set
+from demo_model.codex_home import API_KEY_VALUE, demo_model_environment
+from demo_model.responses import MODEL_NAME as DEMO_MODEL_NAME
 from demo_model.threads import DEFAULT_INTERVAL_S, DemoThread, read_demo_threads
 from services.shared import config
 from services.shared.auth import TokenAuthority
+from worker.enrollment import credential_path
 from worker.local_agent.codex_install import ENV_VAR as CODEX_BIN_VARIABLE
 from worker.local_agent.codex_install import CodexNotFoundError, find_codex_binary
+from worker.settings import hostname
 
 log = logging.getLogger("boss.local")
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +63,11 @@ GRPC_SERVICES = ("context_budget", "scheduler", "conversations")
 STARTUP_TIMEOUT_SECONDS = 60.0
 DEMO_THREADS_TIMEOUT_SECONDS = 180.0
 """How long the demo threads may take to be created (a dozen real Codex turns on a busy machine)."""
+DEMO_MASTER_CONTEXT_WINDOW_TOKENS = 32_000
+"""The window the master conversation's ring is measured against when the demo model answers it."""
 DEMO_MODEL_LISTEN_VARIABLE = "BOSS_DEMO_MODEL_LISTEN"
+# The worker's token (`worker_environment`) outlasts any run of the stack, as the services' own do.
+WORKER_TOKEN_LIFETIME = timedelta(days=365)
 """host:port for the demo model; unset, it listens on a free loopback port."""
 
 
@@ -166,9 +178,14 @@ def demo_model_listen() -> str:
 
 
 def has_sessions(codex_home: Path) -> bool:
-    """True when `codex_home/sessions` holds at least one rollout file."""
-    sessions = codex_home / "sessions"
-    return sessions.is_dir() and any(sessions.rglob("rollout-*.jsonl"))
+    """True when `codex_home/sessions` or `archived_sessions` holds at least one rollout file
+    (`rollout-*.jsonl`, or `rollout-*.jsonl.zst` as Codex compresses idle ones)."""
+    folders = (codex_home / "sessions", codex_home / "archived_sessions")
+    return any(
+        folder.is_dir() and any(folder.rglob(pattern))
+        for folder in folders
+        for pattern in ("rollout-*.jsonl", "rollout-*.jsonl.zst")
+    )
 
 
 def choose_codex_home(requested: str | None, force_demo: bool) -> tuple[Path, bool, str]:
@@ -272,22 +289,60 @@ async def wait_for_demo_threads(process: Process, codex_home: Path, stop: asynci
     exit_with_log(process, f"did not create the demo threads within {DEMO_THREADS_TIMEOUT_SECONDS:.0f} s")
 
 
-async def start_demo(
-    data: Path, codex_home: Path, environment: dict[str, str], interval: float, processes: list[Process]
-) -> Process:
-    """Starts the demo model and the demo threads' grower, which creates the threads in the
-    background (see wait_for_demo_threads); both join `processes`. Returns the grower."""
-    python = sys.executable
+async def start_demo_model(data: Path, environment: dict[str, str], processes: list[Process]) -> str:
+    """Starts the demo model (it joins `processes`) and waits for its health check; returns its
+    host:port."""
     listen = demo_model_listen()
     host, _, port = listen.rpartition(":")
     model = Process(
         "demo_model",
-        [python, "-m", "demo_model", "serve", "--host", host, "--port", port],
+        [sys.executable, "-m", "demo_model", "serve", "--host", host, "--port", port],
         data / "logs" / "demo-model.log",
     )
     model.start(environment)
     processes.append(model)
     await wait_until_healthy(model, http_healthy, f"http://{listen}/healthz")
+    return listen
+
+
+def master_on_demo_model(listen: str) -> dict[str, str]:
+    """The conversations settings that make the master agent answer through the demo model's Chat
+    Completions endpoint at `listen` (its window: DEMO_MASTER_CONTEXT_WINDOW_TOKENS)."""
+    return {
+        "BOSS_MASTER_BACKEND": "openai_api",
+        "BOSS_MASTER_OPENAI_BASE_URL": f"http://{listen}/v1",
+        "BOSS_MASTER_OPENAI_API_KEY": API_KEY_VALUE,
+        "BOSS_MASTER_MODEL": DEMO_MODEL_NAME,
+        "BOSS_MASTER_CONTEXT_WINDOW_TOKENS": str(DEMO_MASTER_CONTEXT_WINDOW_TOKENS),
+    }
+
+
+def master_line(environment: dict[str, str]) -> str:
+    """The line saying who answers the master agent's chat in this run."""
+    backend = environment.get("BOSS_MASTER_BACKEND", "none")
+    if environment.get("BOSS_MASTER_MODEL") == DEMO_MODEL_NAME and backend == "openai_api":
+        return (
+            "Master agent: the built-in demo model (not a real model) answers from Boss's real state; "
+            "set BOSS_MASTER_BACKEND, BOSS_MASTER_OPENAI_BASE_URL, BOSS_MASTER_MODEL and "
+            "BOSS_MASTER_OPENAI_API_KEY for a real endpoint"
+        )
+    if backend == "openai_api":
+        model, url = environment.get("BOSS_MASTER_MODEL"), environment.get("BOSS_MASTER_OPENAI_BASE_URL")
+        return f"Master agent: {model} at {url}"
+    return f"Master agent: backend {backend} (BOSS_MASTER_BACKEND)"
+
+
+async def start_demo(
+    data: Path,
+    codex_home: Path,
+    environment: dict[str, str],
+    interval: float,
+    processes: list[Process],
+    listen: str,
+) -> Process:
+    """Starts the demo threads' grower against the demo model at `listen`, which creates the
+    threads in the background (see wait_for_demo_threads); it joins `processes`. Returns it."""
+    python = sys.executable
     grower = Process(
         "demo_threads",
         [
@@ -339,16 +394,24 @@ async def print_budgets(gateway: str, token: str, thread_ids: list[str]) -> int:
 
 
 async def fetch_budgets(gateway: str, token: str, thread_ids: list[str]) -> list[dict[str, Any]]:
-    """GET /api/v1/threads/{id}/context-budget for up to 20 threads; the ones that answer 200."""
+    """GET /api/v1/threads/{id}/context-budget for up to 20 threads (the ones that answer 200), each
+    with the `title` of its conversation on the home list (GET /api/v1/conversations), sorted by
+    title so the table keeps its order."""
     rows = []
     async with httpx.AsyncClient(
         base_url=gateway, timeout=2.0, headers={"Authorization": f"Bearer {token}"}
     ) as client:
+        listed = await client.get("/api/v1/conversations", params={"page_size": 200})
+        titles = {}
+        if listed.status_code == 200:
+            for conversation in listed.json().get("conversations", []):
+                if conversation.get("conversation_type") == "single_device":
+                    titles[conversation.get("context_budget_thread_id")] = conversation.get("project_title")
         for thread_id in thread_ids[:20]:
             response = await client.get(f"/api/v1/threads/{thread_id}/context-budget")
             if response.status_code == 200:
-                rows.append(response.json())
-    return rows
+                rows.append({**response.json(), "title": titles.get(thread_id) or thread_id})
+    return sorted(rows, key=lambda row: (row["title"], row["thread_id"]))
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -360,19 +423,39 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         f"  {'handoff':<24} must finish"
     )
     for row in rows:
-        codex_left = f"{row.get('codex_context_left_pct', '?')}%"
+        codex_percent = row.get("codex_context_left_pct")
+        codex_left = "-" if codex_percent is None else f"{codex_percent}%"
+        budget = f"{row['context_budget_remaining_pct']:>6.1f}%"
+        level = row["context_budget_level"]
+        if row.get("awaiting_reading_after_compaction"):
+            budget, level = "compacted", "(waiting)"  # no reading since the compaction yet
         must_finish = "no"
         if row.get("must_finish_before_compaction"):
             must_finish = "yes: " + row.get("must_finish_reason", "")
         compactions = row.get("compaction_count", 0)
         handoff = handoff_summary(row.get("handoff_package"))
         print(
-            f"  {row['thread_id']:<38} {row['context_budget_remaining_pct']:>6.1f}%"
-            f" {row['context_budget_level']:<9} {codex_left:>6} {compactions:>11}"
+            f"  {str(row.get('title') or row['thread_id'])[:38]:<38} {budget:>7}"
+            f" {level:<9} {codex_left:>6} {compactions:>11}"
             f"  {handoff:<24} {must_finish}"
         )
     if not rows:
         print("  (waiting for the worker's first reports)")
+
+
+def worker_environment(authority: TokenAuthority, environment: dict[str, str]) -> dict[str, str]:
+    """The worker's environment: `environment` with BOSS_WORKER_TOKEN, a token for this machine's
+    worker (worker-<hostname> on <hostname>, for the installation's owner, valid
+    WORKER_TOKEN_LIFETIME), unless the worker has a token already (BOSS_WORKER_TOKEN is set, or this
+    data folder holds the credential of `python -m worker enroll`). The worker signs no tokens
+    itself: its package carries no signing code and a node has no auth secret."""
+    if environment.get("BOSS_WORKER_TOKEN") or credential_path(environment).exists():
+        return environment
+    node = hostname()
+    token = authority.issue_worker(
+        f"worker-{node}", node, WORKER_TOKEN_LIFETIME, owner_id=config.default_owner_id()
+    )
+    return {**environment, "BOSS_WORKER_TOKEN": token}
 
 
 async def run_stack(arguments: argparse.Namespace) -> int:
@@ -401,10 +484,17 @@ async def run_stack(arguments: argparse.Namespace) -> int:
         environment[CODEX_BIN_VARIABLE] = str(codex.binary) if codex else ""
         environment.update(demo_model_environment())
     try:
+        model_listen = ""
+        if demo or "BOSS_MASTER_BACKEND" not in environment:
+            model_listen = await start_demo_model(data, environment, processes)
+        if "BOSS_MASTER_BACKEND" not in environment:
+            environment.update(master_on_demo_model(model_listen))
         if demo:
             print(f"Demo mode ({why}): real Codex threads against the built-in demo model (not a real model)")
             # The grower creates the threads (a dozen Codex turns) while the services start.
-            grower = await start_demo(data, codex_home, environment, arguments.demo_interval, processes)
+            grower = await start_demo(
+                data, codex_home, environment, arguments.demo_interval, processes, model_listen
+            )
         for service in GRPC_SERVICES:
             if not (ROOT / "services" / service / "__main__.py").exists():
                 print(f"  --  {service:<15} not built yet, skipped")
@@ -430,13 +520,14 @@ async def run_stack(arguments: argparse.Namespace) -> int:
             [python, "-m", "worker", "run", "--codex-home", str(codex_home)],
             data / "logs" / "worker.log",
         )
-        worker.start(environment)
+        worker.start(worker_environment(authority, environment))
         processes.append(worker)
         print(f"  ok  {'worker':<15} following {codex_home}/sessions" + ("" if demo else f" ({why})"))
         print(f"\n{chat_line(codex, demo, codex_home)}")
+        print(master_line(environment))
 
         client_token = authority.issue_client(config.default_owner_id())
-        (data / "client-token").write_text(client_token + "\n")
+        config.write_private(data / "client-token", client_token + "\n")
         print(f"\nOpen the console:  {gateway_url}/console/?token={client_token}")
         if demo:
             print(
@@ -445,6 +536,12 @@ async def run_stack(arguments: argparse.Namespace) -> int:
             )
         print(f"API docs:          {gateway_url}/docs")
         print(f"Client token (also in {data / 'client-token'}):\n  {client_token}")
+        question = '{"text": "which thread is close to compaction?", "client_message_id": "ask-1"}'
+        print(
+            f'Ask the master:    curl -H "Authorization: Bearer $(cat {data / "client-token"})" '
+            f"-H 'Content-Type: application/json' -d '{question}' "
+            f"{gateway_url}/api/v1/projects/master-agent/messages"
+        )
         thread_ids = thread_ids_under(codex_home)
         if thread_ids:
             print(
@@ -470,9 +567,7 @@ async def run_stack(arguments: argparse.Namespace) -> int:
                 if time.monotonic() - started > arguments.until_ready:
                     print("\nTimed out before every thread had a budget.", file=sys.stderr)
                     return 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), arguments.refresh)
-            if stop.is_set():
+            if await wait_until_set(stop, arguments.refresh):
                 return 0
     finally:
         print("\nStopping…")

@@ -1,4 +1,5 @@
-"""Command line of the Boss device worker.
+"""Command line of the Boss device worker: `boss-worker` where the worker package is installed
+(packaging/worker/), `python -m worker` in a clone.
 
     python -m worker run [--codex-home DIR] [--worker-id ID] [--node-id ID]
                          [--context-budget-address HOST:PORT] [--token TOKEN]
@@ -7,6 +8,11 @@
                          [--codex-sandbox MODE] [--task-stall-timeout SECONDS]
                          [--task-turn-cap SECONDS] [--max-concurrent-tasks N]
 
+    python -m worker enroll CODE [--node-id ID] [--worker-id ID] [--conversations-address HOST:PORT]
+                                 [--credential-file PATH]
+
+`enroll` trades the owner's one-time pairing code for this node's credential and stores it readable
+by its owner only (worker/enrollment.py); `run` then uses it.
 `run` follows `$CODEX_HOME/sessions/**/rollout-*.jsonl` and streams every thread's context budget to
 the context_budget service until SIGTERM/SIGINT. Its local agent (unless `--no-local-agent`) claims
 this node's chat tasks from the scheduler and runs each as a real `codex exec resume` turn
@@ -24,8 +30,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.shared.logging_setup import configure_logging
+from boss_common.logging_setup import configure_logging
 from worker.agent import run_worker
+from worker.enrollment import (
+    EnrollmentError,
+    credential_path,
+    default_conversations_address,
+    enroll,
+    write_credential,
+)
+from worker.local_agent.child_watcher import pidfd_child_watcher
 from worker.settings import (
     CODEX_SANDBOXES,
     DEFAULT_CODEX_SANDBOX,
@@ -37,16 +51,23 @@ from worker.settings import (
     DEFAULT_TASK_TURN_CAP_S,
     SettingsError,
     WorkerSettings,
+    hostname,
     settings_from_arguments,
 )
 
 EXIT_CONFIGURATION_ERROR = 2
 
 
+def program_name() -> str:
+    """How the worker was started, for its usage lines: "boss-worker" (the installed package's
+    command) or "python -m worker"."""
+    return "boss-worker" if Path(sys.argv[0]).name == "boss-worker" else "python -m worker"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The `python -m worker` argument parser."""
+    """The worker's argument parser (`boss-worker` or `python -m worker`)."""
     parser = argparse.ArgumentParser(
-        prog="python -m worker",
+        prog=program_name(),
         description="Boss device worker: reports Codex threads' context budgets and runs their chat tasks.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -60,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--token",
-        help="worker bearer token (default BOSS_WORKER_TOKEN, else minted from the local auth secret)",
+        help="worker bearer token (default BOSS_WORKER_TOKEN, else the credential stored by enroll)",
     )
     run.add_argument(
         "--poll-interval",
@@ -124,7 +145,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="turns run at the same time, 1-32 "
         f"(default BOSS_WORKER_MAX_CONCURRENT_TASKS, else {DEFAULT_MAX_CONCURRENT_TASKS})",
     )
+    enroll = commands.add_parser("enroll", help="enroll this node with a pairing code from its owner")
+    enroll.add_argument("code", help="the pairing code (e.g. K7QX-M2PD), valid 10 minutes, once")
+    enroll.add_argument("--node-id", help="this machine's id (default <hostname>)")
+    enroll.add_argument("--worker-id", help="this worker's id (default worker-<node id>)")
+    enroll.add_argument(
+        "--conversations-address",
+        help="gRPC address of conversations (default BOSS_CONVERSATIONS_ADDRESS, else 127.0.0.1:50053)",
+    )
+    enroll.add_argument(
+        "--credential-file",
+        type=Path,
+        help="where to store the credential (default BOSS_WORKER_CREDENTIAL, else "
+        "$BOSS_DATA_DIR/worker-credential.json), readable by its owner only",
+    )
     return parser
+
+
+async def enroll_node(arguments: argparse.Namespace) -> int:
+    """`enroll`: trades the code for this node's credential and stores it (worker/enrollment.py).
+    Returns 0, or 1 (one line on stderr) when the code is refused or the file cannot be written."""
+    node_id = arguments.node_id or hostname()
+    worker_id = arguments.worker_id or f"worker-{node_id}"
+    path = arguments.credential_file or credential_path()
+    try:
+        credential = await enroll(
+            arguments.code,
+            node_id=node_id,
+            worker_id=worker_id,
+            device_name=hostname(),
+            conversations_address=arguments.conversations_address or default_conversations_address(),
+        )
+        write_credential(path, credential)
+    except (EnrollmentError, OSError) as error:
+        sys.stderr.write(f"worker: {error}\n")
+        return 1
+    sys.stdout.write(
+        f"enrolled as device {credential.device_id} of {credential.owner_id} (worker {worker_id} on node "
+        f"{node_id}); credential in {path}\n"
+    )
+    return 0
 
 
 def settings_from_namespace(arguments: argparse.Namespace) -> WorkerSettings:
@@ -153,12 +213,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     arguments = parser.parse_args(argv)
     configure_logging()
+    if arguments.command == "enroll":
+        return asyncio.run(enroll_node(arguments))
     try:
         settings = settings_from_namespace(arguments)
     except SettingsError as error:
         sys.stderr.write(f"worker: {error}\n")
         return EXIT_CONFIGURATION_ERROR
-    return asyncio.run(run_worker(settings))
+    return asyncio.run(_run(settings))
+
+
+async def _run(settings: WorkerSettings) -> int:
+    """`run_worker`, with Codex's exits watched through pidfds (worker/local_agent/child_watcher.py)."""
+    with pidfd_child_watcher():
+        return await run_worker(settings)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -40,9 +40,11 @@ from time import monotonic
 from typing import Protocol
 
 from boss.context_budget.v1 import context_budget_pb2
+from boss.scheduler.v1 import scheduler_pb2
 
-from services.shared import config
-from services.shared.time import utc_now
+from boss_common import config
+from boss_common.time import utc_now
+from boss_common.waiting import wait_until_set
 from worker.codex_sessions.follower import FileUpdate, RolloutFollower
 from worker.codex_sessions.git_state import GitState, read_git_state
 from worker.codex_sessions.tracker import LastActivity, ThreadBudgetReading
@@ -52,7 +54,7 @@ from worker.local_agent.codex_turns import codex_run_turn
 from worker.local_agent.outcomes import RunTurn
 from worker.registration import ThreadRegistrar
 from worker.reporter import StreamReporter
-from worker.settings import WorkerSettings, token_provider
+from worker.settings import WorkerSettings
 from worker.snapshots import (
     ThreadFacts,
     build_snapshot,
@@ -266,8 +268,7 @@ class WorkerAgent:
                 await self.step()
             except Exception:
                 log.exception("poll of %s failed; trying again", self._settings.codex_home)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._settings.poll_interval_s)
+            await wait_until_set(stop, self._settings.poll_interval_s)
 
     async def run_once(self) -> bool:
         """Read every session to its end, report each thread's latest state, wait for the acks.
@@ -489,18 +490,27 @@ def build_local_agent(settings: WorkerSettings, run_turn: RunTurn | None = None)
     """The worker's local agent, None when `settings.local_agent` is None (--no-local-agent, --once).
 
     Its turns run through `run_turn`, by default the Codex runner configured by the settings
-    (:func:`worker.local_agent.codex_turns.codex_run_turn`). Same token as the reporter.
+    (:func:`worker.local_agent.codex_turns.codex_run_turn`): the agent lets it prepare each turn
+    while starting the task, and completes (or kills) its cleanups of what Codex left running when
+    it stops. Same token as the reporter.
     """
     agent_settings = settings.local_agent
     if agent_settings is None:
         return None
+    on_stopped: Callable[[], Awaitable[None]] | None = None
+    prepare_turn: Callable[[scheduler_pb2.Task], None] | None = None
+    if run_turn is None:
+        codex_runner = codex_run_turn(settings.codex_home, agent_settings)
+        run_turn, on_stopped, prepare_turn = codex_runner, codex_runner.close, codex_runner.prepare
     return LocalAgent(
         scheduler_address=agent_settings.scheduler_address,
-        token=token_provider(settings),
+        token=lambda: settings.token,
         worker_id=settings.worker_id,
         node_id=settings.node_id,
-        run_turn=run_turn or codex_run_turn(settings.codex_home, agent_settings),
+        run_turn=run_turn,
         max_concurrent_tasks=agent_settings.max_concurrent_tasks,
+        on_stopped=on_stopped,
+        prepare_turn=prepare_turn,
     )
 
 
@@ -538,7 +548,7 @@ async def run_worker(
     Returns the process exit code: 0, or 1 when `--once` could not get every snapshot acked.
     """
     follower = RolloutFollower(settings.codex_home)
-    reporter = StreamReporter(settings.context_budget_address, token_provider(settings))
+    reporter = StreamReporter(settings.context_budget_address, settings.token)
     reporter.start()
     stop = stop or asyncio.Event()
     registrar = (

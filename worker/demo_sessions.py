@@ -1,13 +1,16 @@
 """Generate realistic demo Codex sessions (rollout files plus small git workspaces) and play them live.
 
-The demo data is Boss's own: every line is generated here in the rollout format described in
-``research/codex-context.md`` §3 (Codex 0.104-style ordering around a compaction, §2.4). Nothing is
-copied from real sessions.
+The demo data is Boss's own: every line is generated here in the rollout format Codex 0.169 writes
+(``research/real-codex.md`` §4-5: ``ordinal`` on every line, ``item_completed`` items for messages,
+commands and compactions, ``token_usage_record`` beside every ``token_count``, ``world_state`` after
+a compaction). Nothing is copied from real sessions. (``make run`` itself drives real Codex threads,
+:mod:`demo_model.threads`; these generated sessions serve tests and a Codex-less demo.)
 
 - :func:`write_demo_codex_home` writes ``root/sessions/YYYY/MM/DD/rollout-<time>-<uuid>.jsonl`` for a
   few threads, each working in a real git repository under ``root/workspaces/<name>`` (one with an
-  uncommitted change), one of them going through a mid-turn auto-compaction with Codex's bogus
-  post-compaction estimate (SPEC D-3).
+  uncommitted change), one of them going through a mid-turn local auto-compaction in 0.169's order:
+  the summary message, the compaction request's own usage, ``compacted``, ``world_state`` and
+  ``turn_context``, Codex's post-compaction estimate (SPEC D-3), the ``ContextCompaction`` item.
 - :class:`DemoSessionPlayer` appends one user turn per thread on every :meth:`~DemoSessionPlayer.advance`;
   a thread whose next response would cross the auto-compact limit writes a compaction sequence.
 
@@ -39,8 +42,8 @@ from worker.codex_sessions.rollout import TokenUsage
 
 logger = logging.getLogger(__name__)
 
-DEMO_CLI_VERSION = "0.104.0"
-DEMO_MODEL = "gpt-5.3-codex"
+DEMO_CLI_VERSION = "0.169.0"
+DEMO_MODEL = "gpt-5.5"
 DEMO_MODEL_CONTEXT_WINDOW = DEFAULT_CONTEXT_WINDOW * DEFAULT_EFFECTIVE_CONTEXT_WINDOW_PERCENT // 100
 """W = 258,400 tokens, what Codex reports for 272k-window models."""
 DEMO_AUTO_COMPACT_LIMIT = auto_compact_token_limit(DEFAULT_CONTEXT_WINDOW)
@@ -147,6 +150,8 @@ class DemoThread:
         last_written_at: UTC timestamp of the last line.
         turns_written: user turns written so far.
         compactions: compactions written so far.
+        lines_written: lines in the rollout so far (the next line's ``ordinal``).
+        thread_usage: every request so far, compaction requests included (``thread_token_usage``).
     """
 
     plan: DemoThreadPlan
@@ -159,6 +164,8 @@ class DemoThread:
     last_written_at: datetime
     turns_written: int
     compactions: int
+    lines_written: int = 0
+    thread_usage: TokenUsage = _EMPTY_USAGE
 
 
 class _LineClock:
@@ -183,9 +190,22 @@ def format_timestamp(at: datetime) -> str:
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 
-def rollout_line(at: datetime, record_type: str, payload: dict[str, Any]) -> str:
-    """One rollout JSONL line (with newline): ``{"timestamp": "...Z", "type": ..., "payload": ...}``."""
-    line = {"timestamp": format_timestamp(at), "type": record_type, "payload": payload}
+def rollout_line(
+    at: datetime,
+    record_type: str,
+    payload: dict[str, Any],
+    ordinal: int | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> str:
+    """One rollout JSONL line (with newline): ``{"timestamp": "...Z", "ordinal": n, "type": ...,
+    "payload": ..., "metadata": ...}``; ``ordinal`` and ``metadata`` only when given."""
+    line: dict[str, Any] = {"timestamp": format_timestamp(at)}
+    if ordinal is not None:
+        line["ordinal"] = ordinal
+    line["type"] = record_type
+    line["payload"] = payload
+    if metadata is not None:
+        line["metadata"] = metadata
     return json.dumps(line, separators=(",", ":")) + "\n"
 
 
@@ -207,10 +227,11 @@ def rollout_path(codex_home: Path, started_at: datetime, thread_id: str) -> Path
 
 
 def _usage_payload(usage: TokenUsage) -> dict[str, int]:
-    """A ``TokenUsage`` as its JSON object."""
+    """A ``TokenUsage`` as its JSON object (0.169's fields)."""
     return {
         "input_tokens": usage.input_tokens,
         "cached_input_tokens": usage.cached_input_tokens,
+        "cache_write_input_tokens": 0,
         "output_tokens": usage.output_tokens,
         "reasoning_output_tokens": usage.reasoning_output_tokens,
         "total_tokens": usage.total_tokens,
@@ -252,20 +273,29 @@ class _ThreadWriter:
         self.thread = thread
         self._rng = rng
         self._lines: list[str] = []
+        self._pytest_seconds = 0.5
 
     def start_session(self, clock: _LineClock, git_commit: str | None) -> None:
         """Write the session header: ``session_meta`` (with the git commit) and a developer message."""
         thread = self.thread
         git = {"commit_hash": git_commit, "branch": "main", "repository_url": None} if git_commit else None
         meta = {
+            "account_scoped": True,
+            "session_id": thread.codex_thread_id,
             "id": thread.codex_thread_id,
             "timestamp": format_timestamp(thread.last_written_at),
             "cwd": str(thread.cwd),
+            "runtime_workspace_roots": [str(thread.cwd)],
             "originator": "codex_cli_rs",
             "cli_version": DEMO_CLI_VERSION,
             "source": "cli",
+            "thread_source": "user",
             "model_provider": "openai",
-            "base_instructions": {"text": "You are Codex, a coding agent working in the user's repository."},
+            "base_instructions": {
+                "text": "You are Codex, a coding agent working in the user's repository.",
+                "provenance": {"type": "model", "model": DEMO_MODEL},
+            },
+            "history_mode": "paginated",
             "git": git,
         }
         self._emit(clock.tick(), "session_meta", meta)
@@ -274,7 +304,8 @@ class _ThreadWriter:
             "role": "developer",
             "content": [{"type": "input_text", "text": "Sandbox: workspace-write. Approvals: on-request."}],
         }
-        self._emit(clock.tick(0.001, 0.01), "response_item", developer)
+        self._emit(clock.tick(0.001, 0.01), "response_item", developer, self._metadata())
+        self._world_state(clock.tick(0.001, 0.01))
 
     def write_turn(self, clock: _LineClock) -> None:
         """Append one user turn: prompt, an exploring call, (a patch,) a test run, the answer.
@@ -286,33 +317,42 @@ class _ThreadWriter:
         turn_index = self.thread.turns_written
         turn_id = demo_uuid7(clock.tick(0.0, 0.01), self._rng)
         prompt = plan.prompts[turn_index % len(plan.prompts)]
+        self._event(
+            clock.tick(), {"type": "thread_settings_applied", "thread_id": self.thread.codex_thread_id}
+        )
         started = {
             "type": "task_started",
             "turn_id": turn_id,
+            "root_turn_id": turn_id,
             "model_context_window": DEMO_MODEL_CONTEXT_WINDOW,
             "collaboration_mode_kind": "default",
         }
-        self._event(clock.tick(), started)
-        user = {
-            "type": "user_message",
-            "message": prompt,
-            "images": [],
-            "local_images": [],
-            "text_elements": [],
-        }
-        self._event(clock.tick(0.001, 0.05), user)
-        self._turn_context(clock.tick(0.05, 0.3), turn_id)
+        self._event(clock.tick(0.01, 0.05), started)
+        self._turn_context(clock.tick(0.01, 0.05), turn_id)
+        user_item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": prompt}]}
+        self._emit(clock.tick(0.01, 0.05), "response_item", user_item, self._metadata())
+        self._item(
+            clock.tick(0.001, 0.01),
+            turn_id,
+            {
+                "type": "UserMessage",
+                "id": demo_uuid7(clock.tick(0.0, 0.001), self._rng),
+                "content": [{"type": "text", "text": prompt, "text_elements": []}],
+            },
+        )
         self._token_count(clock.tick(0.5, 2.5), None)
         looking = f"Looking at `src/{plan.module}.py` first."
-        self._event(clock.tick(2.0, 9.0), {"type": "agent_message", "message": looking})
-        self._shell_call(clock, plan.explore_command, self._explore_output(plan))
+        self._agent_message(clock.tick(2.0, 9.0), turn_id, looking)
+        self._shell_call(
+            clock, turn_id, plan.explore_command, plan.explore_output, self._explore_output(plan)
+        )
         if plan.uncommitted_change:
             self._apply_patch(clock, plan)
         self._respond(clock, turn_id)
-        self._shell_call(clock, "pytest -q", self._pytest_output())
+        self._shell_call(clock, turn_id, "pytest -q", self._pytest_summary(), self._pytest_output())
         self._respond(clock, turn_id)
         answer = f"Done: {prompt[0].lower()}{prompt[1:-1]}. `pytest -q` passes (3 tests)."
-        self._event(clock.tick(1.0, 4.0), {"type": "agent_message", "message": answer})
+        self._agent_message(clock.tick(1.0, 4.0), turn_id, answer)
         self._token_count(clock.tick(0.05, 0.5), None)
         complete = {"type": "task_complete", "turn_id": turn_id, "last_agent_message": answer}
         self._event(clock.tick(0.01, 0.1), complete)
@@ -346,46 +386,79 @@ class _ThreadWriter:
             last_total_tokens=total,
             cumulative_usage=_add_usage(self.thread.cumulative_usage, last),
         )
-        self._token_count(clock.tick(1.0, 6.0), last)
+        at = clock.tick(1.0, 6.0)
+        self._usage_record(at, turn_id, last)
+        self._token_count(at, last)
 
     def _compact(self, clock: _LineClock, turn_id: str) -> None:
-        """Codex 0.104's mid-turn remote compaction (research/codex-context.md §2.4).
+        """Codex 0.169's mid-turn local compaction (``research/real-codex.md`` §5).
 
-        Lines: the estimate ``token_count`` (every component zero, only a far-off total), ``compacted``,
-        ``context_compacted``, ``turn_context`` and the estimate re-emitted; the next response then
+        Lines: the last reading repeated, the summary message (``metadata.compaction_output``), the
+        compaction request's own ``token_usage_record`` and ``token_count`` (not a reading),
+        ``compacted``, ``world_state`` and ``turn_context``, Codex's estimate ``token_count`` (every
+        component zero, only a total) and the ``ContextCompaction`` item; the next response then
         reports the real, much smaller context.
         """
-        estimate_total = self.thread.last_total_tokens * 4 + self._rng.randint(1_000, 90_000)
-        estimate = TokenUsage(0, 0, 0, 0, estimate_total)
-        self._token_count(clock.tick(20.0, 50.0), estimate)
+        self._token_count(clock.tick(0.01, 0.05), None)
+        summary = f"Demo summary: {self.thread.turns_written} turns on {self.thread.plan.name} so far."
+        message = {
+            "type": "message",
+            "role": "assistant",
+            "id": f"msg_{self._rng.getrandbits(96):024x}",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": summary}],
+        }
+        self._emit(clock.tick(20.0, 50.0), "response_item", message, self._metadata(compaction_output=True))
+        request_total = self.thread.last_total_tokens + self._rng.randint(500, 1_500)
+        request = TokenUsage(request_total - 600, 0, 600, 0, request_total)
+        at = clock.tick(0.001, 0.01)
+        response_id = self._usage_record(at, turn_id, request)
+        self.thread = replace(self.thread, cumulative_usage=_add_usage(self.thread.cumulative_usage, request))
+        self._token_count(at, request)
         first_prompt = {
             "type": "message",
             "role": "user",
             "content": [{"type": "input_text", "text": self.thread.plan.prompts[0]}],
         }
-        summary = {
-            "type": "compaction",
-            "encrypted_content": f"demo-summary-{self._rng.getrandbits(64):016x}",
+        compacted = {
+            "message": summary,
+            "replacement_history": [first_prompt, {**message, "role": "user"}],
+            "window_number": self.thread.compactions + 1,
+            "compaction_response_id": response_id,
         }
-        compacted = {"message": "", "replacement_history": [first_prompt, summary]}
         self._emit(clock.tick(0.001, 0.01), "compacted", compacted)
-        self._event(clock.tick(0.01, 0.03), {"type": "context_compacted"})
-        self._turn_context(clock.tick(0.001, 0.01), turn_id)
-        self._token_count(clock.tick(1.0, 3.0), None)
+        self._world_state(clock.tick(0.0, 0.001))
+        self._turn_context(clock.tick(0.0, 0.001), turn_id)
+        estimate = TokenUsage(0, 0, 0, 0, self._rng.randint(6_000, 9_000))
+        self._token_count(clock.tick(0.001, 0.01), estimate)
+        compaction_item = {"type": "ContextCompaction", "id": demo_uuid7(clock.tick(0.0, 0.001), self._rng)}
+        self._item(clock.tick(0.001, 0.01), turn_id, compaction_item)
         self.thread = replace(
             self.thread,
             last_total_tokens=self._rng.randint(30_000, 45_000),
             compactions=self.thread.compactions + 1,
         )
 
-    def _shell_call(self, clock: _LineClock, command: str, output: str) -> None:
-        """An ``exec_command`` function call and its output."""
+    def _shell_call(self, clock: _LineClock, turn_id: str, command: str, printed: str, output: str) -> None:
+        """An ``exec_command`` function call, its ``CommandExecution`` item and its output."""
         call_id = f"call_{self._rng.getrandbits(96):024x}"
         arguments = json.dumps({"cmd": command, "workdir": str(self.thread.cwd)})
         call = {"type": "function_call", "name": "exec_command", "arguments": arguments, "call_id": call_id}
-        self._emit(clock.tick(0.01, 0.1), "response_item", call)
+        self._emit(clock.tick(0.01, 0.1), "response_item", call, self._metadata())
+        execution = {
+            "type": "CommandExecution",
+            "id": call_id,
+            "command": ["/bin/bash", "-lc", command],
+            "cwd": f"file://{self.thread.cwd}",
+            "source": "unified_exec_startup",
+            "status": "completed",
+            "aggregated_output": printed,
+            "exit_code": 0,
+        }
+        done_at = clock.tick(0.3, 2.0)
+        self._item(done_at, turn_id, execution)
         result = {"type": "function_call_output", "call_id": call_id, "output": output}
-        self._emit(clock.tick(0.3, 2.0), "response_item", result)
+        self._emit(clock.tick(0.001, 0.01), "response_item", result, self._metadata())
 
     def _apply_patch(self, clock: _LineClock, plan: DemoThreadPlan) -> None:
         """An ``apply_patch`` custom tool call adding a helper to the workspace module, and its output."""
@@ -401,10 +474,10 @@ class _ThreadWriter:
             "name": "apply_patch",
             "input": patch,
         }
-        self._emit(clock.tick(0.5, 3.0), "response_item", call)
+        self._emit(clock.tick(0.5, 3.0), "response_item", call, self._metadata())
         output = f"Success. Updated the following files:\nM src/{plan.module}.py\n"
         result = {"type": "custom_tool_call_output", "call_id": call_id, "output": output}
-        self._emit(clock.tick(0.05, 0.3), "response_item", result)
+        self._emit(clock.tick(0.05, 0.3), "response_item", result, self._metadata())
 
     def _turn_context(self, at: datetime, turn_id: str) -> None:
         """A ``turn_context`` line."""
@@ -434,29 +507,98 @@ class _ThreadWriter:
         info = {
             "total_token_usage": _usage_payload(cumulative),
             "last_token_usage": _usage_payload(last),
+            "last_usage_includes_reasoning": last.input_tokens == 0,
             "model_context_window": DEMO_MODEL_CONTEXT_WINDOW,
         }
         self._event(at, {"type": "token_count", "info": info, "rate_limits": _rate_limits(used)})
+
+    def _usage_record(self, at: datetime, turn_id: str, usage: TokenUsage) -> str:
+        """A ``token_usage_record`` of one response with ``usage``; returns the response id."""
+        thread = self.thread
+        thread_usage = _add_usage(thread.thread_usage, usage)
+        self.thread = replace(thread, thread_usage=thread_usage)
+        response_id = f"resp_{self._rng.getrandbits(96):024x}"
+        payload = {
+            "thread_id": thread.codex_thread_id,
+            "turn_id": turn_id,
+            "session_id": thread.codex_thread_id,
+            "root_turn_id": turn_id,
+            "response_id": response_id,
+            "usage": _usage_payload(usage),
+            "thread_token_usage": _usage_payload(thread_usage),
+        }
+        self._emit(at, "token_usage_record", payload)
+        return response_id
+
+    def _world_state(self, at: datetime) -> None:
+        """A ``world_state`` line naming the model."""
+        state = {"model": DEMO_MODEL, "collaboration_mode": {"mode": "default", "model": DEMO_MODEL}}
+        self._emit(at, "world_state", {"full": True, "state": state})
+
+    def _item(self, at: datetime, turn_id: str, item: dict[str, Any]) -> None:
+        """An ``event_msg`` ``item_completed`` line."""
+        millis = int(at.timestamp() * 1000)
+        payload = {
+            "type": "item_completed",
+            "thread_id": self.thread.codex_thread_id,
+            "turn_id": turn_id,
+            "item": item,
+            "started_at_ms": millis,
+            "completed_at_ms": millis,
+        }
+        self._event(at, payload)
+
+    def _agent_message(self, at: datetime, turn_id: str, text: str) -> None:
+        """The agent's message: its ``AgentMessage`` item and its ``response_item``."""
+        message_id = f"msg_{self._rng.getrandbits(96):024x}"
+        self._item(
+            at,
+            turn_id,
+            {"type": "AgentMessage", "id": message_id, "content": [{"type": "Text", "text": text}]},
+        )
+        message = {
+            "type": "message",
+            "status": "completed",
+            "id": message_id,
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text}],
+        }
+        self._emit(at, "response_item", message, self._metadata())
+
+    def _metadata(self, **extra: Any) -> dict[str, Any]:
+        """The ``metadata`` of a ``response_item`` line."""
+        return {"history_sequence": self.thread.lines_written, "client_authored": False, **extra}
 
     def _event(self, at: datetime, payload: dict[str, Any]) -> None:
         """An ``event_msg`` line."""
         self._emit(at, "event_msg", payload)
 
-    def _emit(self, at: datetime, record_type: str, payload: dict[str, Any]) -> None:
-        """Buffer one line and remember its time."""
-        self._lines.append(rollout_line(at, record_type, payload))
-        self.thread = replace(self.thread, last_written_at=at)
+    def _emit(
+        self, at: datetime, record_type: str, payload: dict[str, Any], metadata: dict[str, Any] | None = None
+    ) -> None:
+        """Buffer one line (with the next ordinal) and remember its time."""
+        ordinal = self.thread.lines_written
+        self._lines.append(rollout_line(at, record_type, payload, ordinal, metadata))
+        self.thread = replace(self.thread, last_written_at=at, lines_written=ordinal + 1)
 
     def _explore_output(self, plan: DemoThreadPlan) -> str:
-        """The plan's exploring command output, framed like Codex's shell tool output."""
+        """The plan's exploring command output, framed as Codex's ``exec_command`` returns it."""
         wall = self._rng.uniform(0.01, 0.2)
-        return f"Exit code: 0\nWall time: {wall:.2f} seconds\nOutput:\n{plan.explore_output}"
+        header = f"Chunk ID: {self._rng.getrandbits(24):06x}\nWall time: {wall:.4f} seconds\n"
+        return f"{header}Process exited with code 0\nOutput:\n{plan.explore_output}"
+
+    def _pytest_summary(self) -> str:
+        """What a passing ``pytest -q`` over the workspace's three tests prints."""
+        self._pytest_seconds = self._rng.uniform(0.2, 0.9)
+        progress = "..." + " " * 69 + "[100%]"
+        return f"{progress}\n3 passed in {self._pytest_seconds:.2f}s\n"
 
     def _pytest_output(self) -> str:
-        """Output of a passing ``pytest -q`` over the workspace's three tests."""
-        seconds = self._rng.uniform(0.2, 0.9)
+        """That output framed as Codex's ``exec_command`` returns it to the model."""
+        seconds = self._pytest_seconds
+        header = f"Chunk ID: {self._rng.getrandbits(24):06x}\nWall time: {seconds + 0.3:.4f} seconds\n"
+        header += "Process exited with code 0\nOutput:\n"
         progress = "..." + " " * 69 + "[100%]"
-        header = f"Exit code: 0\nWall time: {seconds + 0.3:.1f} seconds\nOutput:\n"
         return f"{header}{progress}\n3 passed in {seconds:.2f}s\n"
 
 

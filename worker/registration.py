@@ -27,7 +27,7 @@ import grpc
 from boss.conversations.v1 import conversations_pb2 as pb
 from boss.conversations.v1 import conversations_pb2_grpc as pb_grpc
 
-from services.shared.auth import bearer_metadata
+from boss_common.bearer import bearer_metadata
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,8 @@ class ThreadRegistrar:
             waiting = await self.flush()
             timeout = RETRY_SECONDS if waiting else None
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wait(stop), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wait(stop)
 
     async def _wait(self, stop: asyncio.Event) -> None:
         waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]

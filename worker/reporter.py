@@ -39,8 +39,9 @@ from typing import Any
 import grpc
 from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
 
-from services.shared.auth import bearer_metadata
-from services.shared.errors import field_violations_of
+from boss_common.bearer import bearer_metadata
+from boss_common.status_details import field_violations_of
+from boss_common.waiting import wait_until_set
 
 log = logging.getLogger(__name__)
 
@@ -322,8 +323,8 @@ class StreamReporter:
         Args:
             target: where context_budget listens.
             token: a worker bearer token (sent as `authorization: Bearer <token>` metadata), or a
-                function returning one, called each time a stream opens (so a token minted locally
-                can be renewed before it expires).
+                function returning one, called each time a stream opens (so a renewed token is used
+                from the next stream on).
             max_batch: snapshots per stream message (1..1000).
             max_in_flight_batches: batches sent but not acked before sending pauses.
             channel_options: gRPC channel arguments (see CHANNEL_OPTIONS).
@@ -405,9 +406,7 @@ class StreamReporter:
         Returns True when nothing is left unacked.
         """
         self._check_drained()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._drained.wait(), timeout)
-        return self._drained.is_set()
+        return await wait_until_set(self._drained, timeout)
 
     async def close(self) -> None:
         """Stop the stream task and close the channel (unacked snapshots are abandoned)."""
@@ -620,7 +619,7 @@ class StreamReporter:
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
             log.error(
                 "context_budget at %s refuses the worker token (%s: %s); check --token / "
-                "BOSS_WORKER_TOKEN; retrying in %.1f s",
+                "BOSS_WORKER_TOKEN, or enroll again; retrying in %.1f s",
                 self._target,
                 code.name,
                 details,

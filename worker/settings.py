@@ -5,10 +5,10 @@ Resolved once at start from command-line values and the environment (defaults in
 | setting | flag | environment / default |
 |---|---|---|
 | Codex home | --codex-home | $CODEX_HOME, else ~/.codex |
-| worker id | --worker-id | worker-<hostname> |
-| node id | --node-id | <hostname> |
+| worker id | --worker-id | the enrolled credential's, else worker-<hostname> |
+| node id | --node-id | the enrolled credential's, else <hostname> |
 | context_budget address | --context-budget-address | BOSS_CONTEXT_BUDGET_ADDRESS, else 127.0.0.1:50051 |
-| token | --token | BOSS_WORKER_TOKEN, else minted from the local auth secret (see :func:`resolve_token`) |
+| token | --token | BOSS_WORKER_TOKEN, else the enrolled credential (:func:`resolve_token`) |
 | poll interval | --poll-interval | 1.0 s |
 | report once and exit | --once (with --timeout, 30 s) | off |
 | no heartbeats after | --idle-after | 86,400 s without a new reading |
@@ -28,13 +28,13 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.shared import config
-from services.shared.auth import TokenAuthority
-from worker.codex_sessions.follower import SESSIONS_SUBDIR, discover_rollout_files
+from boss_common import config
+from worker.codex_sessions.follower import ARCHIVED_SESSIONS_SUBDIR, SESSIONS_SUBDIR, discover_rollout_files
+from worker.enrollment import Credential, EnrollmentError, credential_path, read_credential
 
 DEFAULT_POLL_INTERVAL_S = 1.0
 DEFAULT_GIT_REFRESH_S = 10.0
@@ -85,7 +85,6 @@ class WorkerSettings:
         node_id: this machine's id (the token must be bound to it).
         context_budget_address: gRPC target of the context_budget service.
         token: the worker bearer token (never shown in the settings' repr).
-        token_minted: the token was minted here from the local auth secret (and can be re-minted).
         poll_interval_s: seconds between two reads of the session files.
         git_refresh_s: a folder's git state is re-read at most this often (seconds).
         flush_timeout_s: on SIGTERM/SIGINT, seconds to wait for pending acks before exiting.
@@ -101,7 +100,6 @@ class WorkerSettings:
     node_id: str
     context_budget_address: str
     token: str = field(repr=False)
-    token_minted: bool = False
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     git_refresh_s: float = DEFAULT_GIT_REFRESH_S
     flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S
@@ -130,22 +128,23 @@ def default_codex_home(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def check_codex_home(codex_home: Path, *, require_sessions: bool) -> None:
-    """Raise SettingsError when `codex_home/sessions` is missing (or, with `require_sessions`,
-    holds no rollout file)."""
+    """Raise SettingsError when `codex_home` has neither `sessions` nor `archived_sessions` (or,
+    with `require_sessions`, no rollout file, plain or `.jsonl.zst`, in either)."""
     sessions = codex_home / SESSIONS_SUBDIR
-    missing = not sessions.is_dir() or (require_sessions and not discover_rollout_files(codex_home))
+    folders = (sessions, codex_home / ARCHIVED_SESSIONS_SUBDIR)
+    missing = not any(folder.is_dir() for folder in folders) or (
+        require_sessions and not discover_rollout_files(codex_home)
+    )
     if missing:
         raise SettingsError(f"no Codex sessions under {sessions}: point --codex-home at your ~/.codex")
 
 
-def resolve_token(
-    explicit: str | None, worker_id: str, node_id: str, environ: Mapping[str, str] | None = None
-) -> str:
-    """The worker token: `explicit` (--token), else BOSS_WORKER_TOKEN, else one minted here.
+def resolve_token(explicit: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """The worker token: `explicit` (--token, or the enrolled credential's), else BOSS_WORKER_TOKEN.
 
-    Minting needs the deployment's auth secret on this machine (BOSS_AUTH_SECRET or
-    `$BOSS_DATA_DIR/auth-secret`, see services/shared/config.py); it is never created here. The
-    minted token is bound to `worker_id` and `node_id`. Raises SettingsError when none is available.
+    A worker never signs a token itself: a node gets its credential from `enroll` with its owner's
+    pairing code (worker/enrollment.py), and `make run` gives its worker one through
+    BOSS_WORKER_TOKEN. Raises SettingsError when there is none.
     """
     if explicit:
         return explicit
@@ -153,38 +152,19 @@ def resolve_token(
     from_environment = environ.get("BOSS_WORKER_TOKEN")
     if from_environment:
         return from_environment
+    raise SettingsError(
+        "no worker token: enroll this node with a pairing code from its owner (boss-worker enroll CODE), "
+        "or pass --token or set BOSS_WORKER_TOKEN"
+    )
+
+
+def stored_credential(environ: Mapping[str, str]) -> Credential | None:
+    """The credential `python -m worker enroll` stored (worker/enrollment.py), or None. Raises
+    SettingsError for a file others may read or that is not a credential."""
     try:
-        secret = config.auth_secret(create=False)
-    except RuntimeError as error:
-        raise SettingsError(
-            "no worker token: pass --token or set BOSS_WORKER_TOKEN "
-            f"(or run where Boss keeps its auth secret: {error})"
-        ) from error
-    return mint_worker_token(secret, worker_id, node_id)
-
-
-def mint_worker_token(secret: str, worker_id: str, node_id: str) -> str:
-    """A fresh worker token (30 days) signed with `secret`. Raises SettingsError for a bad secret."""
-    try:
-        return TokenAuthority(secret).issue_worker(worker_id, node_id)
-    except ValueError as error:
-        raise SettingsError(f"cannot mint a worker token: {error}") from error
-
-
-def token_provider(settings: WorkerSettings) -> Callable[[], str]:
-    """What the reporter calls at each (re)connect: the configured token, or, when it was minted
-    here, a freshly minted one (a worker running for weeks never outlives its token). Falls back to
-    the settings' token when the secret became unreadable."""
-    if not settings.token_minted:
-        return lambda: settings.token
-
-    def mint() -> str:
-        try:
-            return mint_worker_token(config.auth_secret(create=False), settings.worker_id, settings.node_id)
-        except (RuntimeError, SettingsError):
-            return settings.token
-
-    return mint
+        return read_credential(credential_path(environ))
+    except EnrollmentError as error:
+        raise SettingsError(str(error)) from error
 
 
 _SWITCH_VALUES = {
@@ -353,17 +333,26 @@ def settings_from_arguments(
         environ=environ,
     )
     host = hostname()
-    resolved_worker = worker_id or f"worker-{host}"
-    resolved_node = node_id or host
     environ = os.environ if environ is None else environ
-    minted = not token and not environ.get("BOSS_WORKER_TOKEN")
+    enrolled = None if token or environ.get("BOSS_WORKER_TOKEN") else stored_credential(environ)
+    if enrolled is not None:
+        if (worker_id or enrolled.worker_id, node_id or enrolled.node_id) != (
+            enrolled.worker_id,
+            enrolled.node_id,
+        ):
+            raise SettingsError(
+                f"this node is enrolled as worker {enrolled.worker_id!r} on node {enrolled.node_id!r}: "
+                "drop --worker-id / --node-id, or enroll again with a new pairing code"
+            )
+        token = enrolled.worker_token
+    resolved_worker = worker_id or (enrolled.worker_id if enrolled else f"worker-{host}")
+    resolved_node = node_id or (enrolled.node_id if enrolled else host)
     return WorkerSettings(
         codex_home=home,
         worker_id=resolved_worker,
         node_id=resolved_node,
         context_budget_address=context_budget_address or config.service_address("context_budget"),
-        token=resolve_token(token, resolved_worker, resolved_node, environ),
-        token_minted=minted,
+        token=resolve_token(token, environ),
         poll_interval_s=poll_interval_s,
         once=once,
         once_timeout_s=once_timeout_s,

@@ -24,7 +24,8 @@ from datetime import UTC, datetime, timedelta
 
 from boss.context_budget.v1 import context_budget_pb2
 
-from services.shared.time import to_timestamp
+from boss_common.time import to_timestamp
+from worker.codex_sessions.codex_config import LimitSource
 from worker.codex_sessions.git_state import GitState
 from worker.codex_sessions.tracker import LastActivity, ThreadBudgetReading
 
@@ -53,6 +54,13 @@ without one, so either way a reading gets the same id (fixed forever: changing i
 de-duplication)."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+LIMIT_SOURCES: dict[LimitSource, context_budget_pb2.CompactionLimitSource] = {
+    LimitSource.CONFIGURED: context_budget_pb2.COMPACTION_LIMIT_SOURCE_CONFIGURED,
+    LimitSource.MODEL_DEFAULT: context_budget_pb2.COMPACTION_LIMIT_SOURCE_MODEL_DEFAULT,
+    LimitSource.ASSUMED: context_budget_pb2.COMPACTION_LIMIT_SOURCE_ASSUMED,
+}
+"""A reading's limit source as the contract's enum."""
 
 MAX_FILES_IN_REASON = 5
 """How many changed files `must_finish_reason` names before it abbreviates with an ellipsis."""
@@ -222,8 +230,10 @@ def build_snapshot(
 
     Returns:
         The message with snapshot_version = reading_sequence, the stable id of
-        :func:`snapshot_id_for`, the worker's own CB-7 level, every D-1 raw figure, the CB-8 verdict
-        and codex_folder = the session's cwd. D-2 estimates stay unset when the reading has none.
+        :func:`snapshot_id_for`, the worker's own CB-7 level, every D-1 raw figure with where L came
+        from, the CB-8 verdict and codex_folder = the session's cwd. D-2 estimates stay unset when
+        the reading has none; a reading awaiting its first measurement after a compaction sets
+        `awaiting_reading_after_compaction` and leaves `codex_context_left_pct` unset.
     """
     facts = facts or ThreadFacts()
     when = captured_at or reading.captured_at
@@ -246,9 +256,12 @@ def build_snapshot(
         last_total_tokens=reading.last_total_tokens,
         model_context_window=reading.model_context_window,
         auto_compact_token_limit=reading.auto_compact_token_limit,
-        codex_context_left_pct=reading.codex_context_left_pct,
+        compaction_limit_source=LIMIT_SOURCES[reading.compaction_limit_source],
+        awaiting_reading_after_compaction=reading.awaiting_reading_after_compaction,
         codex_folder=reading.cwd or "",
     )
+    if reading.codex_context_left_pct is not None:
+        snapshot.codex_context_left_pct = reading.codex_context_left_pct
     if reading.compaction_expected_at is not None:
         snapshot.compaction_expected_at.CopyFrom(to_timestamp(reading.compaction_expected_at))
     if reading.last_compaction_at is not None:
@@ -280,8 +293,11 @@ def significant_change(
     """Why `current` must be sent at once rather than with the next heartbeat (CB-9), or None.
 
     Compared with the last snapshot *sent* for the thread (so slow drift adds up): the first report
-    of a thread; a level change (the worker's CB-7 level); a change of compaction_count; a flip of
-    must_finish_before_compaction; or the percent moving by >= SIGNIFICANT_PERCENT_CHANGE points.
+    of a thread; a level change (the worker's CB-7 level); a change of compaction_count; the first
+    reading after a compaction (awaiting_reading_after_compaction cleared: the shown "compacted,
+    waiting for the first reading" must give way at once, however close the reading is to the 100 %
+    placeholder); a flip of must_finish_before_compaction; or the percent moving by >=
+    SIGNIFICANT_PERCENT_CHANGE points.
     """
     if previous is None:
         return "first report"
@@ -291,6 +307,8 @@ def significant_change(
         )
     if current.compaction_count != previous.compaction_count:
         return f"compaction count {previous.compaction_count} -> {current.compaction_count}"
+    if previous.awaiting_reading_after_compaction and not current.awaiting_reading_after_compaction:
+        return "first reading after the compaction"
     if current.must_finish_before_compaction != previous.must_finish_before_compaction:
         state = "set" if current.must_finish_before_compaction else "cleared"
         return f"must finish before compaction {state}"

@@ -5,10 +5,12 @@ to the loop it was made in) and closed when the app stops, unless the caller pas
 (then the caller closes it). Every call carries the caller's bearer token as `authorization`
 metadata, so each backend enforces its own rules on the real caller; every call has a deadline.
 
-Channel options (gRPC keepalive guide; retry design gRFC A6): keepalive pings every 30 s so dead
-connections are noticed, round-robin over resolved addresses (useful with `dns:///` targets in
-Kubernetes), and transparent retries of UNAVAILABLE (3 attempts, 50-500 ms backoff): reads are
-idempotent, and a re-sent snapshot is answered as a duplicate by context_budget.
+Channel options (gRPC keepalive guide; retry design gRFC A6; connection back-off, gRPC's
+connection-backoff.md): keepalive pings every 30 s so dead connections are noticed, connection
+attempts at most 0.5 s apart so a backend that is back is reached within a second, round-robin
+over resolved addresses (useful with `dns:///` targets in Kubernetes), and transparent retries of
+UNAVAILABLE (3 attempts, 50-500 ms backoff): reads are idempotent, and a re-sent snapshot is
+answered as a duplicate by context_budget.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ _SERVICE_CONFIG = {
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    # Reconnect to a backend that is back within a second: gRPC's default back-off between
+    # connection attempts starts at 1 s and grows to 120 s.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
     ("grpc.enable_retries", 1),
     ("grpc.service_config", json.dumps(_SERVICE_CONFIG)),
 )

@@ -21,6 +21,7 @@ from services.bff_gateway.schemas import (
     AlertTypeName,
     ChecklistItemView,
     ChecklistStatusName,
+    CompactionLimitSourceName,
     ContextBudgetLevelName,
     MasterActionName,
     SourceKindName,
@@ -38,6 +39,7 @@ _SOURCE_PREFIX = "SOURCE_KIND_"
 _ACTION_PREFIX = "MASTER_ACTION_"
 _ALERT_TYPE_PREFIX = "ALERT_TYPE_"
 _ALERT_STATUS_PREFIX = "ALERT_STATUS_"
+_LIMIT_SOURCE_PREFIX = "COMPACTION_LIMIT_SOURCE_"
 _SNAPSHOT_PATH = re.compile(r"^(snapshot|snapshots\[\d+\]|thread_context\.snapshot)\.")
 
 
@@ -78,6 +80,12 @@ def source_kind_to_proto(kind: SourceKindName) -> int:
 def source_kind_from_proto(number: int) -> SourceKindName | None:
     """SOURCE_KIND_WORKER_ESTIMATOR -> "worker_estimator"; UNSPECIFIED or unknown -> None."""
     return cast(SourceKindName | None, _enum_name(pb.SourceKind, _SOURCE_PREFIX, number))
+
+
+def compaction_limit_source_from_proto(number: int) -> CompactionLimitSourceName | None:
+    """COMPACTION_LIMIT_SOURCE_CONFIGURED -> "configured"; UNSPECIFIED or unknown -> None."""
+    name = _enum_name(pb.CompactionLimitSource, _LIMIT_SOURCE_PREFIX, number)
+    return cast(CompactionLimitSourceName | None, name)
 
 
 def master_actions_from_proto(numbers: Any) -> list[MasterActionName]:
@@ -121,7 +129,12 @@ def snapshot_to_proto(report: ThreadContextReport) -> pb.ThreadContextSnapshot:
         auto_compact_token_limit=report.auto_compact_token_limit,
         must_finish_reason=report.must_finish_reason or "",
         codex_folder=report.codex_folder or "",
+        awaiting_reading_after_compaction=report.awaiting_reading_after_compaction,
     )
+    if report.compaction_limit_source is not None:
+        snapshot.compaction_limit_source = _enum_number(  # type: ignore[assignment]
+            pb.CompactionLimitSource, _LIMIT_SOURCE_PREFIX, report.compaction_limit_source
+        )
     if report.estimated_remaining_turns is not None:
         snapshot.estimated_remaining_turns = report.estimated_remaining_turns
     if report.estimated_remaining_large_messages is not None:
@@ -200,6 +213,8 @@ def thread_context_view(
         last_total_tokens=_known(snapshot.last_total_tokens),
         model_context_window=_known(snapshot.model_context_window),
         auto_compact_token_limit=_known(snapshot.auto_compact_token_limit),
+        compaction_limit_source=compaction_limit_source_from_proto(snapshot.compaction_limit_source),
+        awaiting_reading_after_compaction=snapshot.awaiting_reading_after_compaction,
         source_kind=source_kind_from_proto(snapshot.source_kind),
         captured_at=_instant(snapshot, "captured_at"),
         updated_at=_instant(context, "updated_at"),

@@ -35,6 +35,7 @@ FOLDER_MAX_LENGTH = 4096
 
 ContextBudgetLevelName = Literal["safe", "watch", "urgent", "critical"]
 SourceKindName = Literal["codex_app_server", "codex_sdk", "worker_estimator"]
+CompactionLimitSourceName = Literal["configured", "model_default", "assumed"]
 MasterActionName = Literal[
     "refresh_stage_summary",
     "avoid_large_context_append",
@@ -220,6 +221,16 @@ class ThreadContextReport(BaseModel):
     codex_folder: OptionalText = Field(
         default=None, max_length=FOLDER_MAX_LENGTH, description="The Codex working folder of the thread."
     )
+    compaction_limit_source: CompactionLimitSourceName | None = Field(
+        default=None, description="Where auto_compact_token_limit came from; null when not said."
+    )
+    awaiting_reading_after_compaction: StrictBool = Field(
+        default=False,
+        description=(
+            "Codex compacted after the thread's last reading: 'compacted, waiting for the first reading' "
+            "(last_total_tokens 0, codex_context_left_pct null, the percent 100)."
+        ),
+    )
 
 
 class ThreadContextReportAck(BaseModel):
@@ -294,6 +305,21 @@ class ThreadContextBudgetView(BaseModel):
     last_total_tokens: int | None = Field(description="Tokens; null when unknown.")
     model_context_window: int | None = Field(description="Tokens; null when unknown.")
     auto_compact_token_limit: int | None = Field(description="Tokens; null when unknown.")
+    compaction_limit_source: CompactionLimitSourceName | None = Field(
+        default=None,
+        description=(
+            "Where auto_compact_token_limit came from: configured (Codex's config.toml), model_default "
+            "(Codex's default for the model) or assumed (what decides it could not be seen); null "
+            "when not reported."
+        ),
+    )
+    awaiting_reading_after_compaction: bool = Field(
+        default=False,
+        description=(
+            "Codex compacted the thread after its last reading: 'compacted, waiting for the first "
+            "reading' (last_total_tokens and codex_context_left_pct are null, the percent is 100)."
+        ),
+    )
     source_kind: SourceKindName | None
     captured_at: datetime | None
     updated_at: datetime | None = Field(description="When the server committed the latest reading.")

@@ -15,16 +15,17 @@ from typing import Any
 
 import grpc
 import uvicorn
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from services.bff_gateway import access_log
+from services.bff_gateway import access_log, api_docs, metrics
 from services.bff_gateway.clients import (
     ChannelSlot,
     ContextBudgetClient,
     WrapUpSource,
     open_channel,
 )
+from services.bff_gateway.path_ids import refuse_malformed_path_ids
 from services.bff_gateway.problems import BodySizeLimit, install_problem_handlers, use_problem_media_type
 from services.bff_gateway.request_body import add_body_schemas
 from services.bff_gateway.routers import chat, conversations, handoff, health, threads, workers
@@ -33,6 +34,7 @@ from services.bff_gateway.settings import GatewaySettings, split_host_port
 from services.bff_gateway.state import GatewayState
 from services.shared import config
 from services.shared.auth import TokenAuthority
+from services.shared.metrics import MetricsEndpoint
 from services.shared.runtime import tune_garbage_collection
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,7 @@ def create_app(
         try:
             yield
         finally:
+            _app.state.metrics_sampler.close()
             await slot.close()
             await scheduler_slot.close()
 
@@ -93,13 +96,15 @@ def create_app(
         version=API_VERSION,
         description=API_DESCRIPTION,
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # api_docs serves /docs from local assets, not a CDN
         redoc_url=None,
         # FastAPI's own OpenTelemetry hooks are off: they switch themselves on whenever a tracer or
         # meter provider is installed (every service installs one) and then build request,
         # dependency and serialization spans on every request, exported or not. HTTP spans come
         # from `_instrument` (OpenTelemetry's FastAPI instrumentation) when traces are exported.
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
+        # A control character in a path id is 422 before any backend sees it (path_ids.py).
+        dependencies=[Depends(refuse_malformed_path_ids)],
     )
     app.state.gateway = state
     install_problem_handlers(app)
@@ -109,10 +114,12 @@ def create_app(
         larger=[(chat.MESSAGES_PATH, chat.MESSAGE_BODY_MAX_BYTES)],
     )
     app.include_router(health.router)
+    api_docs.install(app)
     app.include_router(workers.router)
     app.include_router(threads.router)
     handoff.install(app, scheduler)
     conversations.install(app, conversations_channel)
+    metrics.install(app, on_api_port=settings.metrics_listen is None)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -135,7 +142,8 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
     """Serves the gateway on `settings.listen` until SIGTERM/SIGINT (or `stop` is set).
 
     The context_budget channel is opened here, in the serving loop, and closed after uvicorn's
-    graceful shutdown (in-flight requests get up to GRACE_SECONDS).
+    graceful shutdown (in-flight requests get up to GRACE_SECONDS). With
+    `settings.metrics_listen`, Prometheus metrics are served there (metrics.py).
     """
     host, port = split_host_port(settings.listen)
     channel = open_channel(settings.context_budget_address)
@@ -148,6 +156,11 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
     tune_garbage_collection()
     watcher = asyncio.create_task(_stop_when(stop, server)) if stop is not None else None
     closer = asyncio.create_task(_end_streams_on_exit(server, app.state.event_hub))
+    endpoint = MetricsEndpoint(settings.metrics_listen) if settings.metrics_listen else None
+    sampling = None
+    if endpoint is not None:
+        endpoint.start()
+        sampling = asyncio.create_task(app.state.metrics_sampler.run())
     try:
         log.info(
             "gateway serving on %s (context_budget at %s)", settings.listen, settings.context_budget_address
@@ -157,6 +170,10 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
         closer.cancel()
         if watcher is not None:
             watcher.cancel()
+        if sampling is not None:
+            sampling.cancel()
+        if endpoint is not None:
+            await endpoint.stop()
         await channel.close()
 
 

@@ -7,6 +7,8 @@ Settings come from the environment (services/shared/config.py): BOSS_CONTEXT_BUD
 BOSS_DATABASE_URL (default: SQLite under BOSS_DATA_DIR), BOSS_CONTEXT_BUDGET_LISTEN, BOSS_AUTH_SECRET.
 BOSS_CONTEXT_BUDGET_INGEST_IN_FLIGHT (optional, an integer >= 1) overrides how many ingest
 transactions run at once (server.build_service, default 1; more only on PostgreSQL).
+BOSS_CONVERSATIONS_ADDRESS: where the conversations service is (its thread moves and device
+revocations are followed).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import os
 
 from services.context_budget import SERVICE_NAME
 from services.context_budget.server import build_service, migrate
-from services.shared.config import ServiceSettings
+from services.shared.config import ServiceSettings, service_address
 from services.shared.logging_setup import configure_logging
+from services.shared.retention import RetentionSettings
 from services.shared.telemetry import configure_telemetry, instrument_engine
 
 log = logging.getLogger("services.context_budget")
@@ -31,6 +34,8 @@ async def _serve() -> None:
     service = build_service(
         ServiceSettings.from_environment(SERVICE_NAME),
         batch_max_in_flight=int(in_flight) if in_flight else 1,
+        conversations_address=service_address("conversations"),
+        retention=RetentionSettings.from_environment(),
     )
     instrument_engine(service.database.writer)
     await service.run()

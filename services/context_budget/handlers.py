@@ -2,16 +2,21 @@
 
 Commands: `ingest` (ReportThreadContext, from the batcher), `acknowledge_alert`, `resolve_alert`,
 `set_threshold_policy`. Queries: `get_thread_context`, `list_thread_contexts`, `get_threshold_policy`,
-`list_alerts`. Events are appended to the outbox inside the command's transaction and the sequencer
-is kicked after the commit (domain/events.py documents the payloads).
+`list_alerts`; each takes the owner whose threads the caller may see (None: every owner). Events are
+appended to the outbox inside the command's transaction and the sequencer is kicked after the commit
+(domain/events.py documents the payloads). `apply_conversations_events` follows the conversations
+service's thread moves and device revocations (services/shared/devices.py).
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.context_budget.adapters.repository import SqlAlchemyContextRepository
 from services.context_budget.domain import alerts as alert_rules
@@ -21,15 +26,18 @@ from services.context_budget.domain.ingest import ExistingAlertResolved, IngestO
 from services.context_budget.domain.model import Alert, AlertStatus, Snapshot, ThreadState, ThresholdPolicy
 from services.context_budget.domain.policy import DEFAULT_POLICY, validate_policy
 from services.shared.db import Database
+from services.shared.devices import THREAD_MOVED_EVENT, RevocationStore
 from services.shared.errors import ALERT_NOT_FOUND, THREAD_NOT_FOUND, NotFound
-from services.shared.outbox import EventLog, NewEvent
+from services.shared.outbox import EventLog, NewEvent, StoredEvent
 from services.shared.telemetry import meter
 from services.shared.time import utc_now
+
+log = logging.getLogger(__name__)
 
 SNAPSHOTS_RECEIVED = meter.create_counter(
     "boss.context_budget.snapshots",
     unit="{snapshot}",
-    description="Valid snapshots acknowledged: applied, superseded or duplicate",
+    description="Valid snapshots answered: applied, superseded, duplicate or refused",
 )
 BATCH_SIZE = meter.create_histogram(
     "boss.context_budget.batch_size", unit="{snapshot}", description="Snapshots per ingest transaction"
@@ -62,6 +70,8 @@ class ContextBudgetHandlers:
         clock: the server clock (aware UTC); tests may pass a fixed one.
         compaction_risk_horizon: how close compaction_expected_at must be to captured_at to open a
             compaction_risk alert (default 10 minutes).
+        revocation_store: where revocations from the conversations service are kept (None: this
+            process follows none).
     """
 
     def __init__(
@@ -72,18 +82,22 @@ class ContextBudgetHandlers:
         *,
         clock: Callable[[], datetime] = utc_now,
         compaction_risk_horizon: timedelta = DEFAULT_COMPACTION_RISK_HORIZON,
+        revocation_store: RevocationStore | None = None,
     ) -> None:
         self._database = database
         self._repository = repository
         self._events = event_log
         self.clock = clock
         self.compaction_risk_horizon = compaction_risk_horizon
+        self.revocation_store = revocation_store
 
     # --- commands -------------------------------------------------------------------------------
 
     async def ingest(self, snapshots: Sequence[Snapshot]) -> list[IngestOutcome]:
-        """Stores a batch of validated snapshots in one transaction; one outcome per snapshot, in
-        order (rules in domain/ingest.py). Returns only after the commit.
+        """Stores a batch of validated snapshots (each with its reporter's owner_id) in one
+        transaction; one outcome per snapshot, in order (rules in domain/ingest.py: another
+        device's thread and a reused snapshot_id come back as outcomes with `error` set, and store
+        nothing). Returns only after the commit.
 
         Raises:
             sqlalchemy.exc.SQLAlchemyError: the transaction failed; nothing was stored.
@@ -98,7 +112,7 @@ class ContextBudgetHandlers:
             plan = plan_ingest(
                 snapshots,
                 current=current,
-                existing_snapshot_ids=existing,
+                existing_snapshots=existing,
                 policies=policies,
                 now=now,
                 new_alert_id=lambda: str(uuid.uuid4()),
@@ -127,12 +141,48 @@ class ContextBudgetHandlers:
         BATCH_SIZE.record(len(snapshots))
         duplicates = sum(1 for outcome in plan.outcomes if outcome.duplicate)
         superseded = sum(1 for outcome in plan.outcomes if outcome.superseded)
-        SNAPSHOTS_RECEIVED.add(len(snapshots) - duplicates - superseded, {"outcome": "applied"})
+        refused = sum(1 for outcome in plan.outcomes if outcome.error is not None)
+        SNAPSHOTS_RECEIVED.add(len(snapshots) - duplicates - superseded - refused, {"outcome": "applied"})
         if duplicates:
             SNAPSHOTS_RECEIVED.add(duplicates, {"outcome": "duplicate"})
         if superseded:
             SNAPSHOTS_RECEIVED.add(superseded, {"outcome": "superseded"})
+        if refused:
+            SNAPSHOTS_RECEIVED.add(refused, {"outcome": "refused"})
         return plan.outcomes
+
+    async def apply_conversations_events(
+        self, connection: AsyncConnection, batch: list[StoredEvent]
+    ) -> list[NewEvent]:
+        """Applies the conversations service's events (an EventConsumer handler, in its
+        transaction): `thread.moved` {owner_id, thread_id, node_id, worker_id} hands the owner's
+        thread to that device (a thread with no reading here yet is bound by its first report);
+        `device.revoked` is stored (`revocation_store`, effective after the commit:
+        `conversations_batch_committed`). Publishes nothing."""
+        for event in batch:
+            if event.type != THREAD_MOVED_EVENT:
+                continue
+            payload = event.payload
+            thread_id = str(payload.get("thread_id") or "")
+            owner_id = str(payload.get("owner_id") or "")
+            node_id = str(payload.get("node_id") or "")
+            worker_id = str(payload.get("worker_id") or "")
+            if not (thread_id and owner_id and node_id and worker_id):
+                log.warning("thread.moved %s lacks a thread, owner or device; skipped", event.sequence)
+                continue
+            moved = await self._repository.move_thread(connection, thread_id, owner_id, node_id, worker_id)
+            if not moved:
+                log.info(
+                    "thread.moved %s: thread %s has no reading of that owner here", event.sequence, thread_id
+                )
+        if self.revocation_store is not None:
+            await self.revocation_store.apply(connection, batch)
+        return []
+
+    def conversations_batch_committed(self) -> None:
+        """After a batch of conversations' events committed: its revocations take effect."""
+        if self.revocation_store is not None:
+            self.revocation_store.committed()
 
     async def acknowledge_alert(self, alert_id: str) -> Alert:
         """opened -> acked. Raises NotFound (unknown id) or FailedPrecondition (other status)."""
@@ -170,19 +220,27 @@ class ContextBudgetHandlers:
 
     # --- queries --------------------------------------------------------------------------------
 
-    async def get_thread_context(self, thread_id: str) -> ThreadContextView:
-        """The current state of a thread. Raises NotFound when it never reported."""
+    async def get_thread_context(self, thread_id: str, owner_id: str | None = None) -> ThreadContextView:
+        """The current state of a thread. Raises NotFound when it never reported, or (with
+        `owner_id`) belongs to another owner: the same answer, so its existence is not revealed."""
         async with self._database.read() as connection:
             state = await self._repository.get_state(connection, thread_id)
-            if state is None:
+            if state is None or (owner_id is not None and state.snapshot.owner_id != owner_id):
                 raise NotFound(f"thread {thread_id!r} has no context budget", reason=THREAD_NOT_FOUND)
             alerts = await self._repository.open_alerts_of(connection, [thread_id])
         return ThreadContextView(state, alerts.get(thread_id, []))
 
     async def list_thread_contexts(
-        self, *, project_id: str, thread_ids: Sequence[str], after_thread_id: str | None, limit: int
+        self,
+        *,
+        project_id: str,
+        thread_ids: Sequence[str],
+        after_thread_id: str | None,
+        limit: int,
+        owner_id: str | None = None,
     ) -> list[ThreadContextView]:
-        """Current states by thread_id after `after_thread_id`, at most `limit`, with open alerts."""
+        """Current states by thread_id after `after_thread_id`, at most `limit`, with open alerts;
+        with `owner_id`, only that owner's threads."""
         async with self._database.read() as connection:
             states = await self._repository.list_states(
                 connection,
@@ -190,6 +248,7 @@ class ContextBudgetHandlers:
                 thread_ids=thread_ids,
                 after_thread_id=after_thread_id,
                 limit=limit,
+                owner_id=owner_id,
             )
             alerts = await self._repository.open_alerts_of(connection, [s.snapshot.thread_id for s in states])
         return [ThreadContextView(state, alerts.get(state.snapshot.thread_id, [])) for state in states]
@@ -215,8 +274,10 @@ class ContextBudgetHandlers:
         statuses: Sequence[AlertStatus],
         after: tuple[datetime, str] | None,
         limit: int,
+        owner_id: str | None = None,
     ) -> list[Alert]:
-        """Alerts newest first, filtered, after the keyset cursor (opened_at, alert_id)."""
+        """Alerts newest first, filtered, after the keyset cursor (opened_at, alert_id); with
+        `owner_id`, only alerts of that owner's threads."""
         async with self._database.read() as connection:
             return await self._repository.list_alerts(
                 connection,
@@ -225,4 +286,5 @@ class ContextBudgetHandlers:
                 statuses=statuses,
                 after=after,
                 limit=limit,
+                owner_id=owner_id,
             )

@@ -1,12 +1,19 @@
 """gRPC face of the context budget: `boss.context_budget.v1.ContextBudgetService`.
 
-Every RPC verifies the bearer token first (UNAUTHENTICATED when missing, expired or forged):
+Every RPC verifies the bearer token first (UNAUTHENTICATED when missing, expired, forged or of a
+revoked device), then who may call it (docs/architecture.md, "Trust boundaries"):
 
-- ReportThreadContext, StreamThreadContext: scope context:report, and the token's worker_id and
-  node_id must equal each snapshot's.
-- GetThreadContext, ListThreadContexts, GetThresholdPolicy, ListAlerts: scope context:read.
-- SetThresholdPolicy, AcknowledgeAlert, ResolveAlert: scope context:admin.
-- WatchEvents: scope events:read.
+- ReportThreadContext, StreamThreadContext: worker tokens (scope context:report) whose worker_id and
+  node_id equal each snapshot's; the snapshot's owner is the token's. A thread belongs to the device
+  that first reported it: another device's snapshot of it is refused (PERMISSION_DENIED, reason
+  THREAD_BOUND_TO_OTHER_DEVICE). A different reading under a stored snapshot_id is refused
+  (ALREADY_EXISTS naming `snapshot_id`). An open stream of a device its owner revokes ends with
+  UNAUTHENTICATED (DEVICE_REVOKED).
+- GetThreadContext, ListThreadContexts, ListAlerts: client tokens (scope context:read) see only their
+  owner's threads and alerts (another owner's thread is NOT_FOUND, as an unknown one); service tokens
+  see all. GetThresholdPolicy: client tokens read the default policy only, service tokens any.
+- SetThresholdPolicy, AcknowledgeAlert, ResolveAlert: service tokens (scope context:admin).
+- WatchEvents: service tokens (scope events:read); the stream spans every owner.
 
 Ingest acks are sent only after the snapshots' transaction committed (group commit, batcher.py).
 Unary errors carry google.rpc.Status details (ErrorInfo, BadRequest field violations). In the stream,
@@ -50,14 +57,23 @@ from services.context_budget.domain.validation import (
 )
 from services.context_budget.handlers import ContextBudgetHandlers
 from services.shared.auth import (
+    CLIENT,
     SCOPE_CONTEXT_ADMIN,
     SCOPE_CONTEXT_READ,
     SCOPE_CONTEXT_REPORT,
     SCOPE_EVENTS_READ,
+    SERVICE,
+    WORKER,
     Principal,
     TokenAuthority,
 )
-from services.shared.errors import BossError, FieldViolation, InvalidArgument, grpc_status_of
+from services.shared.errors import (
+    BossError,
+    FieldViolation,
+    InvalidArgument,
+    PermissionDenied,
+    grpc_status_of,
+)
 from services.shared.event_stream import watch_events
 from services.shared.grpc_server import translate_errors
 from services.shared.outbox import EventLog
@@ -68,7 +84,6 @@ log = logging.getLogger(__name__)
 # Stream messages whose batches may be in flight at once per stream before reading pauses.
 MAX_IN_FLIGHT_PER_STREAM = 8
 MAX_THREAD_IDS = 1_000
-MAX_SEQUENCE = 2**63 - 1
 
 
 @dataclass
@@ -128,15 +143,23 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         INVALID_ARGUMENT with every violation (`snapshot.<field>`); UNAVAILABLE/INTERNAL when the
         transaction failed. Nothing is stored on any error.
         """
-        principal = self._authority.authorize_grpc(context, SCOPE_CONTEXT_REPORT)
+        principal = self._reporter(context)
         if not request.HasField("snapshot"):
             raise InvalidArgument([FieldViolation("snapshot", "is required")])
         snapshot = validate_snapshot(
             snapshot_input_of(request.snapshot), now=self._handlers.clock(), prefix="snapshot"
         )
         principal.require_worker(snapshot.worker_id, snapshot.node_id)
+        snapshot.owner_id = principal.owner_id
         (outcome,) = await self._batcher.submit([snapshot])
+        if outcome.error is not None:
+            raise outcome.error
         return pb.ReportThreadContextResponse(ack=ack_message(outcome))
+
+    def _reporter(self, context: grpc.aio.ServicerContext) -> Principal:
+        """The caller of an ingest RPC: a worker token with context:report. Raises Unauthenticated
+        or PermissionDenied."""
+        return self._authority.authorize_grpc(context, SCOPE_CONTEXT_REPORT, WORKER)
 
     async def StreamThreadContext(
         self,
@@ -150,10 +173,26 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         with UNAUTHENTICATED or PERMISSION_DENIED (no context:report scope) at its start.
         """
         try:
-            principal = self._authority.authorize_grpc(context, SCOPE_CONTEXT_REPORT)
+            principal = self._reporter(context)
         except BossError as error:
             await context.abort_with_status(grpc_status_of(error))
             return
+        responses = self._responses(request_iterator, principal)
+        revocations = self._authority.revocations
+        if revocations is not None:
+            responses = revocations.guard_stream(principal, responses)
+        try:
+            async for response in responses:
+                yield response
+        except BossError as error:  # the device was revoked while the stream was open
+            await context.abort_with_status(grpc_status_of(error))
+
+    async def _responses(
+        self,
+        request_iterator: AsyncIterable[pb.StreamThreadContextRequest],
+        principal: Principal,
+    ) -> AsyncIterator[pb.StreamThreadContextResponse]:
+        """StreamThreadContext's responses (see there)."""
         pending: asyncio.Queue[_PendingMessage | None] = asyncio.Queue(maxsize=MAX_IN_FLIGHT_PER_STREAM)
         reader = asyncio.create_task(self._read_stream(request_iterator, principal, pending))
         try:
@@ -213,6 +252,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
             except BossError as error:
                 acks[index] = rejected_ack(message, error.to_status())
                 continue
+            snapshot.owner_id = principal.owner_id
             valid.append(snapshot)
             positions.append(index)
         future = None
@@ -237,7 +277,10 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
                     acks[index] = rejected_ack(message.snapshots[index], status)
             else:
                 for index, outcome in zip(message.positions, outcomes, strict=True):
-                    acks[index] = ack_message(outcome)
+                    if outcome.error is not None:
+                        acks[index] = rejected_ack(message.snapshots[index], outcome.error.to_status())
+                    else:
+                        acks[index] = ack_message(outcome)
         complete = [ack for ack in acks if ack is not None]
         assert len(complete) == len(acks), "every snapshot of a message gets an ack"
         return pb.StreamThreadContextResponse(batch_id=message.batch_id, acks=complete)
@@ -250,9 +293,9 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
     ) -> pb.GetThreadContextResponse:
         """The thread's current budget. INVALID_ARGUMENT without thread_id; NOT_FOUND when it
         never reported."""
-        self._authority.authorize_grpc(context, SCOPE_CONTEXT_READ)
+        principal = self._reader(context)
         _require_id(request.thread_id, "thread_id")
-        view = await self._handlers.get_thread_context(request.thread_id)
+        view = await self._handlers.get_thread_context(request.thread_id, principal.owner_scope)
         return pb.GetThreadContextResponse(
             thread_context=thread_context_message(
                 view.state, view.open_alerts, self._handlers.compaction_risk_horizon
@@ -265,8 +308,9 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
     ) -> pb.ListThreadContextsResponse:
         """Current budgets ordered by thread_id, filtered by project_id and/or thread_ids (at most
         1,000), AIP-158 paging (page_size 0 -> 100, capped at 1,000, negative INVALID_ARGUMENT;
-        page_token from a previous answer with the same filters, else INVALID_ARGUMENT)."""
-        self._authority.authorize_grpc(context, SCOPE_CONTEXT_READ)
+        page_token from a previous answer with the same filters, else INVALID_ARGUMENT). Client
+        tokens see only their owner's threads."""
+        principal = self._reader(context)
         violations: list[FieldViolation] = []
         _optional_id(request.project_id, "project_id", violations)
         thread_ids = sorted(set(request.thread_ids))
@@ -285,7 +329,11 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         if request.page_token:
             (after,) = self._cursor(request.page_token, filters, size=1)
         views = await self._handlers.list_thread_contexts(
-            project_id=request.project_id, thread_ids=thread_ids, after_thread_id=after, limit=limit + 1
+            project_id=request.project_id,
+            thread_ids=thread_ids,
+            after_thread_id=after,
+            limit=limit + 1,
+            owner_id=principal.owner_scope,
         )
         next_token = ""
         if len(views) > limit:
@@ -299,6 +347,15 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
             next_page_token=next_token,
         )
 
+    def _reader(self, context: grpc.aio.ServicerContext) -> Principal:
+        """The caller of a read: a client or service token with context:read. Raises
+        Unauthenticated or PermissionDenied."""
+        return self._authority.authorize_grpc(context, SCOPE_CONTEXT_READ, CLIENT, SERVICE)
+
+    def _admin(self, context: grpc.aio.ServicerContext) -> Principal:
+        """The caller of a change to policies or alerts: a service token with context:admin."""
+        return self._authority.authorize_grpc(context, SCOPE_CONTEXT_ADMIN, SERVICE)
+
     def _cursor(self, token: str, filters: str, size: int) -> list[str]:
         cursor = self._page_tokens.decode(token, filters)
         if len(cursor) != size:
@@ -311,12 +368,20 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
     async def GetThresholdPolicy(
         self, request: pb.GetThresholdPolicyRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetThresholdPolicyResponse:
-        """The policy in force for project_id ("" = the default), and whether it is an override."""
-        self._authority.authorize_grpc(context, SCOPE_CONTEXT_READ)
+        """The policy in force for project_id ("" = the default), and whether it is an override.
+        Client tokens read the default policy only (PERMISSION_DENIED, reason
+        SERVICE_TOKEN_REQUIRED, for a project_id): policies are the operator's."""
+        principal = self._reader(context)
         violations: list[FieldViolation] = []
         _optional_id(request.project_id, "project_id", violations)
         if violations:
             raise InvalidArgument(violations)
+        if request.project_id and principal.kind != SERVICE:
+            raise PermissionDenied(
+                "a project's threshold policy is read with a service token; client tokens read the "
+                "default policy (project_id empty)",
+                reason="SERVICE_TOKEN_REQUIRED",
+            )
         policy, override = await self._handlers.get_threshold_policy(request.project_id)
         return pb.GetThresholdPolicyResponse(policy=policy_message(policy), project_override=override)
 
@@ -326,7 +391,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
     ) -> pb.SetThresholdPolicyResponse:
         """Stores a project's override, or the default with an empty project_id (context:admin).
         INVALID_ARGUMENT (`policy.<field>`) unless 0 < urgent < watch < safe <= 100."""
-        self._authority.authorize_grpc(context, SCOPE_CONTEXT_ADMIN)
+        self._admin(context)
         if not request.HasField("policy"):
             raise InvalidArgument([FieldViolation("policy", "is required")])
         violations: list[FieldViolation] = []
@@ -342,8 +407,9 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
     async def ListAlerts(
         self, request: pb.ListAlertsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListAlertsResponse:
-        """Alerts newest first, filtered by thread_id, project_id and alert_statuses (AIP-158 paging)."""
-        self._authority.authorize_grpc(context, SCOPE_CONTEXT_READ)
+        """Alerts newest first, filtered by thread_id, project_id and alert_statuses (AIP-158 paging).
+        Client tokens see only alerts of their owner's threads."""
+        principal = self._reader(context)
         violations: list[FieldViolation] = []
         _optional_id(request.thread_id, "thread_id", violations)
         _optional_id(request.project_id, "project_id", violations)
@@ -379,6 +445,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
             statuses=sorted(statuses),
             after=after,
             limit=limit + 1,
+            owner_id=principal.owner_scope,
         )
         next_token = ""
         if len(alerts) > limit:
@@ -393,8 +460,9 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
     async def AcknowledgeAlert(
         self, request: pb.AcknowledgeAlertRequest, context: grpc.aio.ServicerContext
     ) -> pb.AcknowledgeAlertResponse:
-        """opened -> acked (context:admin). NOT_FOUND; FAILED_PRECONDITION from another status."""
-        self._authority.authorize_grpc(context, SCOPE_CONTEXT_ADMIN)
+        """opened -> acked (service tokens, context:admin). NOT_FOUND; FAILED_PRECONDITION from
+        another status."""
+        self._admin(context)
         _require_id(request.alert_id, "alert_id")
         alert = await self._handlers.acknowledge_alert(request.alert_id)
         return pb.AcknowledgeAlertResponse(alert=alert_message(alert))
@@ -403,8 +471,9 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
     async def ResolveAlert(
         self, request: pb.ResolveAlertRequest, context: grpc.aio.ServicerContext
     ) -> pb.ResolveAlertResponse:
-        """opened|acked -> resolved (context:admin). NOT_FOUND; FAILED_PRECONDITION when resolved."""
-        self._authority.authorize_grpc(context, SCOPE_CONTEXT_ADMIN)
+        """opened|acked -> resolved (service tokens, context:admin). NOT_FOUND; FAILED_PRECONDITION
+        when resolved."""
+        self._admin(context)
         _require_id(request.alert_id, "alert_id")
         alert = await self._handlers.resolve_alert(request.alert_id)
         return pb.ResolveAlertResponse(alert=alert_message(alert))
@@ -416,11 +485,11 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
     ) -> AsyncIterator[pb.WatchEventsResponse]:
         """Committed events with sequence > after_sequence, then live ones (events:read), in runs
         of up to 500 per response. Resuming with the last sequence processed loses and repeats
-        nothing."""
+        nothing. Service tokens only: the stream spans every owner."""
         try:
-            self._authority.authorize_grpc(context, SCOPE_EVENTS_READ)
-            if request.after_sequence > MAX_SEQUENCE:
-                raise InvalidArgument([FieldViolation("after_sequence", "must be at most 2^63-1")])
+            self._authority.authorize_grpc(context, SCOPE_EVENTS_READ, SERVICE)
+            # after_sequence in range, and retention
+            await self._event_log.admit(request.after_sequence, request.consumer, request.types)
         except BossError as error:
             await context.abort_with_status(grpc_status_of(error))
             return

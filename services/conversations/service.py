@@ -7,8 +7,9 @@ so a client never sees a change without its event or an event without its change
 Published event types (payloads always carry `owner_id`, so streams can be filtered per owner):
 
 - `conversation.context_indicator.updated` (CB-15): a home-list ring changed. Payload: conversation_id,
-  project_id, conversation_type, thread_id, context_budget_indicator {visible, style, percent, level},
-  context_budget_source_node_id, context_budget_updated_at, must_finish_before_compaction.
+  project_id, conversation_type, thread_id, context_budget_indicator {visible, style, percent, level,
+  awaiting_reading_after_compaction}, context_budget_source_node_id, context_budget_updated_at,
+  must_finish_before_compaction.
 - `project.context_risk.updated` (CB-15): a thread of the project reported or changed handoff state
   (thread_context: that thread), or the scheduler's strategy summary changed (thread_context: the
   project's most-at-risk thread). Payload: project_id, conversation_id, thread_context (the thread's
@@ -35,6 +36,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import exists, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.conversations.adapters.repository import (
@@ -47,6 +50,7 @@ from services.conversations.adapters.repository import (
     stored_reading_order,
     view_of,
 )
+from services.conversations.adapters.tables import devices, threads
 from services.conversations.chat.handlers import TASK_STATUS_CHANGED, ChatHandlers
 from services.conversations.domain.model import (
     GROUP,
@@ -78,19 +82,27 @@ from services.conversations.domain.model import (
     wrap_up_checklist,
 )
 from services.conversations.domain.validation import (
+    check_folder,
     check_group_threads,
     check_id,
     check_page_size,
+    check_thread_id,
     check_title,
     raise_if_any,
 )
+from services.conversations.master.installation import ensure_master_project
+from services.conversations.master.repository import SqlAlchemyMasterRepository
 from services.shared.db import Database
+from services.shared.devices import THREAD_MOVED_EVENT
 from services.shared.errors import (
     PROJECT_NOT_FOUND,
     THREAD_NOT_FOUND,
+    FailedPrecondition,
     FieldViolation,
     InvalidArgument,
     NotFound,
+    PreconditionViolation,
+    thread_bound_to_other_device,
 )
 from services.shared.event_stream import Publication
 from services.shared.outbox import EventLog, NewEvent, StoredEvent
@@ -157,6 +169,7 @@ def thread_summary_payload(view: ThreadView) -> dict[str, Any]:
         "compaction_expected_at": isoformat_utc(budget.compaction_expected_at) if budget else None,
         "last_compaction_at": isoformat_utc(budget.last_compaction_at) if budget else None,
         "compaction_count": budget.compaction_count if budget else 0,
+        "awaiting_reading_after_compaction": budget.awaiting_reading_after_compaction if budget else False,
         "updated_at": isoformat_utc(budget.updated_at) if budget else None,
         "handoff_status": view.handoff_status,
     }
@@ -180,7 +193,8 @@ def conversation_payload(project: Mapping[Any, Any]) -> dict[str, Any]:
     }
 
 
-def _indicator_event(project: Mapping[Any, Any], indicator: Indicator) -> NewEvent:
+def indicator_event(project: Mapping[Any, Any], indicator: Indicator) -> NewEvent:
+    """`conversation.context_indicator.updated` for a project row showing `indicator`."""
     payload = {
         "owner_id": project["owner_id"],
         "conversation_id": conversation_id_of(project["project_id"]),
@@ -251,6 +265,8 @@ def budget_from_payload(payload: Mapping[Any, Any], fallback_time: datetime) -> 
         compaction_count=int(payload.get("compaction_count") or 0),
         estimated_remaining_turns=int(turns) if turns is not None else None,
         master_actions=tuple(str(a) for a in payload.get("master_actions") or ()),
+        awaiting_reading_after_compaction=bool(payload.get("awaiting_reading_after_compaction")),
+        compaction_limit_source=str(payload.get("compaction_limit_source") or ""),
     )
 
 
@@ -261,6 +277,8 @@ class ConversationsHandlers:
         database: the service's database.
         event_log: the service's outbox.
         default_owner_id: the owner of threads registered without one (and of auto-imported threads).
+        master_ring_follows_main_thread: whether the master conversation's ring shows its main
+            Codex thread's budget (every master backend but openai_api: answers.py).
     """
 
     def __init__(
@@ -269,12 +287,14 @@ class ConversationsHandlers:
         event_log: EventLog,
         default_owner_id: str = "local",
         page_tokens: PageTokenCodec | None = None,
+        master_ring_follows_main_thread: bool = True,
     ) -> None:
         """`page_tokens` signs page tokens; without one, a codec with a random key is used (tokens
         then do not survive a restart: `serve()` passes one keyed by the auth secret)."""
         self.database = database
         self.event_log = event_log
         self.default_owner_id = default_owner_id
+        self.master_ring_follows_main_thread = master_ring_follows_main_thread
         self.page_tokens = page_tokens or PageTokenCodec(secrets.token_urlsafe(32), "conversations")
         self.chat = ChatHandlers(database, event_log, self.page_tokens)
 
@@ -284,20 +304,32 @@ class ConversationsHandlers:
         """RegisterThread ("device import"). Returns (thread row, created, project id).
 
         A new thread gets its single_device project (id derived from owner and thread), unless
-        `group_project_id` names a group of the owner, which it joins. A known thread keeps its project
-        and gets its node, worker, folder, reference and title refreshed. Raises InvalidArgument,
-        NotFound (group), and PermissionDenied-free: authorisation is the servicer's job.
+        `group_project_id` names a group of the owner, which it joins; the thread belongs to the
+        registering device (owner, node, worker) from then on. A known thread keeps its project and
+        gets its folder, reference and title refreshed, but only by its own device. Raises
+        InvalidArgument, NotFound (group), PermissionDenied (THREAD_BOUND_TO_OTHER_DEVICE: the
+        thread belongs to another device, or another owner; nothing changes). Whether the caller may
+        act for the owner, node and worker is the servicer's check.
         """
         violations: list[FieldViolation] = []
-        check_id("thread_id", registration.thread_id, violations)
+        check_thread_id("thread_id", registration.thread_id, violations)
         check_id("node_id", registration.node_id, violations)
         check_id("worker_id", registration.worker_id, violations)
         check_id("owner_id", registration.owner_id, violations)
         check_id("group_project_id", registration.group_project_id, violations, required=False)
         check_title("title", registration.title, violations, required=False)
+        check_folder("codex_folder", registration.codex_folder, violations)
+        check_id("codex_thread_ref", registration.codex_thread_ref, violations, required=False)
         raise_if_any(violations)
-        async with self.database.transaction() as connection:
-            result = await self._register(connection, registration, utc_now())
+        try:
+            async with self.database.transaction() as connection:
+                result = await self._register(connection, registration, utc_now())
+        except IntegrityError:
+            # The thread was inserted meanwhile (its first budget event imported it, or a repeat
+            # raced this one): registering it again finds it, and refreshes it or refuses.
+            log.info("registration of %s raced its import; registering again", registration.thread_id)
+            async with self.database.transaction() as connection:
+                result = await self._register(connection, registration, utc_now())
         self.event_log.kick()
         return result
 
@@ -310,19 +342,34 @@ class ConversationsHandlers:
         existing = await repository.thread(registration.thread_id)
         events: list[NewEvent] = []
         if existing is not None:
-            if existing["owner_id"] != owner:
-                raise NotFound(f"thread {registration.thread_id!r} not found", reason=THREAD_NOT_FOUND)
+            if not registered_by_its_device(existing, owner, registration.node_id, registration.worker_id):
+                raise thread_bound_to_other_device(registration.thread_id)
+            folder = registration.codex_folder or existing["codex_folder"]
+            # A title that was only the default (the folder's name, or the thread id while no folder
+            # was known) follows the folder; one the worker gave stays until it gives another.
+            defaulted = existing["title"] == default_title(registration.thread_id, existing["codex_folder"])
             changes = {
                 "node_id": registration.node_id,
                 "worker_id": registration.worker_id,
-                "codex_folder": registration.codex_folder or existing["codex_folder"],
+                "codex_folder": folder,
                 "codex_thread_ref": registration.codex_thread_ref or existing["codex_thread_ref"],
-                "title": registration.title.strip() or existing["title"],
+                "title": registration.title.strip()
+                or (default_title(registration.thread_id, folder) if defaulted else existing["title"]),
             }
             if registration.is_master_main_thread:
                 changes["is_master_main_thread"] = True
             await repository.update_thread(registration.thread_id, changes)
             project_id = existing["single_device_project_id"]
+            if changes["title"] != existing["title"] and project_id:
+                # Its own project, titled after it and never renamed, keeps its name in step.
+                project = await repository.project(project_id)
+                if project is not None and project["title"] == existing["title"]:
+                    await repository.update_project(
+                        project_id, {"title": changes["title"], "updated_at": now}
+                    )
+                    renamed = await repository.project(project_id)
+                    assert renamed is not None
+                    events.append(_conversation_event(renamed, "renamed"))
             if registration.group_project_id:
                 await self._require_group(repository, owner, registration.group_project_id)
                 await repository.add_member(registration.group_project_id, registration.thread_id, now)
@@ -373,6 +420,8 @@ class ConversationsHandlers:
             await repository.add_member(project_id, registration.thread_id, now)
         if registration.is_master_main_thread:
             events += await self._make_master_thread(repository, owner, registration.thread_id, now)
+        else:  # a new owner's first thread brings their master conversation
+            await ensure_master_project(repository, owner, now)
         events.append(
             NewEvent(
                 THREAD_REGISTERED,
@@ -404,38 +453,22 @@ class ConversationsHandlers:
             raise NotFound(f"group project {project_id!r} not found", reason=PROJECT_NOT_FOUND)
         return project
 
-    async def _ensure_master(
-        self, repository: SqlAlchemyConversationsRepository, owner: str, now: datetime
-    ) -> Row:
-        project_id = master_project_id(owner)
-        project = await repository.project(project_id)
-        if project is None:
-            await repository.insert_project(
-                {
-                    "project_id": project_id,
-                    "owner_id": owner,
-                    "conversation_type": MASTER_AGENT,
-                    "title": "Master agent",
-                    "manual_pinned": True,
-                    "sort_at": now,
-                    "created_at": now,
-                    "updated_at": now,
-                }
-            )
-            project = await repository.project(project_id)
-            assert project is not None
-        return project
-
     async def _make_master_thread(
         self, repository: SqlAlchemyConversationsRepository, owner: str, thread_id: str, now: datetime
     ) -> list[NewEvent]:
-        """Makes `thread_id` the master agent's current main thread: the master ring shows its budget."""
-        master = await self._ensure_master(repository, owner, now)
-        previous = master["indicator_thread_id"]
-        if previous and previous != thread_id:
-            await repository.update_thread(previous, {"is_master_main_thread": False})
+        """Makes `thread_id` the master agent's current main thread (the one master_codex_node runs
+        in); the master ring shows its budget unless the master's model answers (openai_api: the
+        ring is the conversation's own, see services/conversations/master/answers.py)."""
+        master, _created = await ensure_master_project(repository, owner, now)
+        masters = SqlAlchemyMasterRepository(repository.connection)
+        for previous in await masters.master_main_thread_ids(owner):
+            if previous != thread_id:
+                await repository.update_thread(previous, {"is_master_main_thread": False})
         await repository.update_thread(thread_id, {"is_master_main_thread": True})
         await repository.add_member(master["project_id"], thread_id, now)
+        if not self.master_ring_follows_main_thread:
+            return []
+        previous = master["indicator_thread_id"]
         thread = await repository.thread(thread_id)
         assert thread is not None
         indicator = indicator_for(MASTER_AGENT, thread_id, budget_of(thread))
@@ -445,7 +478,68 @@ class ConversationsHandlers:
         )
         updated = await repository.project(master["project_id"])
         assert updated is not None
-        return [_indicator_event(updated, indicator)] if indicator.visible or previous else []
+        return [indicator_event(updated, indicator)] if indicator.visible or previous else []
+
+    async def move_thread(self, owner: str, thread_id: str, node_id: str, worker_id: str) -> tuple[Row, bool]:
+        """Moves the owner's thread to another of the owner's devices (MoveThread; the owner's
+        decision): only that device may register, report and receive commands for it from now on.
+        Publishes `thread.moved` {owner_id, thread_id, from_node_id, from_worker_id, node_id,
+        worker_id, project_ids} (context_budget and the scheduler follow it) and the thread's
+        refreshed project risk. Returns (thread as now, moved); moving it to its own device changes
+        nothing.
+
+        Raises:
+            InvalidArgument: thread_id, node_id or worker_id is not an id.
+            NotFound: THREAD_NOT_FOUND, an unknown or another owner's thread.
+            FailedPrecondition: UNKNOWN_DEVICE, when the owner has no active enrolled device and no
+                thread on that node and worker (a typo would otherwise strand the thread).
+        """
+        violations: list[FieldViolation] = []
+        check_id("thread_id", thread_id, violations)
+        check_id("node_id", node_id, violations)
+        check_id("worker_id", worker_id, violations)
+        raise_if_any(violations)
+        async with self.database.transaction() as connection:
+            repository = SqlAlchemyConversationsRepository(connection)
+            thread = await self._owned_thread(repository, owner, thread_id)
+            if (thread["node_id"], thread["worker_id"]) == (node_id, worker_id):
+                return thread, False
+            if not await _is_device_of(connection, owner, node_id, worker_id):
+                raise FailedPrecondition(
+                    f"no device of yours is worker {worker_id!r} on node {node_id!r}: enroll it first",
+                    reason="UNKNOWN_DEVICE",
+                    violations=[
+                        PreconditionViolation(
+                            "DEVICE", "node_id", "enroll the device, or name a node and worker of yours"
+                        )
+                    ],
+                )
+            await repository.update_thread(thread_id, {"node_id": node_id, "worker_id": worker_id})
+            project_ids = (await repository.project_ids_of_threads([thread_id]))[thread_id]
+            events = [
+                NewEvent(
+                    THREAD_MOVED_EVENT,
+                    {
+                        "owner_id": owner,
+                        "thread_id": thread_id,
+                        "from_node_id": thread["node_id"],
+                        "from_worker_id": thread["worker_id"],
+                        "node_id": node_id,
+                        "worker_id": worker_id,
+                        "project_ids": project_ids,
+                    },
+                    thread_id=thread_id,
+                    node_id=node_id,
+                )
+            ]
+            if thread["archived_at"] is None:
+                events += await self._publish_thread_change(repository, thread_id)
+            await self.event_log.append(connection, events)
+            moved = await repository.thread(thread_id)
+            assert moved is not None
+        self.event_log.kick()
+        log.info("thread %s of %s moved to worker %s on node %s", thread_id, owner, worker_id, node_id)
+        return moved, True
 
     async def archive_thread(self, owner: str, thread_id: str) -> Row:
         """Archives a thread and its single_device project (idempotent). NotFound when unknown."""
@@ -572,13 +666,9 @@ class ConversationsHandlers:
         return rows, next_token
 
     async def get_project(self, owner: str, project_id: str) -> ProjectDetailView:
-        """The project detail (CB-13); "master-agent" is the owner's master project (created on
-        first use). NotFound for an unknown or foreign project."""
-        if project_id == MASTER_ALIAS:
-            async with self.database.transaction() as connection:
-                repository = SqlAlchemyConversationsRepository(connection)
-                master = await self._ensure_master(repository, owner, utc_now())
-                return await self._detail(repository, master)
+        """The project detail (CB-13); "master-agent" is the owner's master project, which exists
+        from installation on (services/conversations/master/installation.py): reading never
+        creates or changes anything. NotFound for an unknown or foreign project."""
         async with self.database.read() as connection:
             repository = SqlAlchemyConversationsRepository(connection)
             project = await self._owned_project(repository, owner, project_id)
@@ -600,6 +690,9 @@ class ConversationsHandlers:
     async def _owned_project(
         self, repository: SqlAlchemyConversationsRepository, owner: str, project_id: str
     ) -> Row:
+        violations: list[FieldViolation] = []
+        check_id("project_id", project_id, violations, required=False)
+        raise_if_any(violations)  # a malformed id is bad input, not a database error
         if project_id == MASTER_ALIAS:
             project_id = master_project_id(owner)
         project = await repository.project(project_id) if project_id else None
@@ -610,6 +703,9 @@ class ConversationsHandlers:
     async def _owned_thread(
         self, repository: SqlAlchemyConversationsRepository, owner: str, thread_id: str
     ) -> Row:
+        violations: list[FieldViolation] = []
+        check_id("thread_id", thread_id, violations, required=False)
+        raise_if_any(violations)  # a malformed id is bad input, not a database error
         thread = await repository.thread(thread_id) if thread_id else None
         if thread is None or thread["owner_id"] != owner:
             raise NotFound(f"thread {thread_id!r} not found", reason=THREAD_NOT_FOUND)
@@ -642,9 +738,11 @@ class ConversationsHandlers:
         """Applies context_budget events: the latest `thread.context.updated` per thread updates the
         thread's budget, the rings showing it and its projects' risk, publishing CB-15 events.
 
-        A thread never registered is imported here (owner: the default owner) with a single_device
-        project, so a worker that reports before registering still shows up; a thread imported from
-        a scheduler event (no worker named) gets its worker and folder here. Older readings than
+        A thread never registered is imported here (owner: the reporting device's, as the event
+        names it) with a single_device project, so a worker that reports before registering still
+        shows up; a thread imported from a scheduler event (no worker named) gets its worker and
+        folder here. A reading from a device the thread does not belong to (another owner, node or
+        worker) is skipped. Older readings than
         the stored one change nothing. Malformed payloads are logged and skipped (never block the
         stream). Other event types only advance the cursor.
 
@@ -668,6 +766,7 @@ class ConversationsHandlers:
                 latest[thread_id] = (event, budget)
         if not latest:
             return Publication([])
+        await lock_projection(connection)
         repository = SqlAlchemyConversationsRepository(connection)
         memberships, project_rows = await repository.members_and_projects_of_threads(latest)
         known: dict[str, Row] = {
@@ -682,10 +781,16 @@ class ConversationsHandlers:
                 thread_id=thread_id,
                 node_id=str(payload.get("node_id") or ""),
                 worker_id=str(payload.get("worker_id") or ""),
-                owner_id=self.default_owner_id,
+                owner_id=event_owner(payload, self.default_owner_id),
                 codex_folder=str(payload.get("codex_folder") or ""),
             )
-            await self._register(connection, registration, latest[thread_id][0].occurred_at)
+            try:
+                # In a savepoint: a RegisterThread committing the same thread meanwhile makes the
+                # insert fail; the thread is then known (read below), and the batch goes on.
+                async with connection.begin_nested():
+                    await self._register(connection, registration, latest[thread_id][0].occurred_at)
+            except IntegrityError:
+                log.info("importing %s raced its registration; the registered thread is used", thread_id)
         if unknown:
             known.update(await repository.threads_by_id(unknown))
             memberships, project_rows = await repository.members_and_projects_of_threads(latest)
@@ -695,6 +800,16 @@ class ConversationsHandlers:
         new_level: set[str] = set()
         for thread_id, (event, budget) in latest.items():
             thread = dict(known[thread_id])
+            reporter = (
+                event_owner(event.payload, self.default_owner_id),
+                str(event.payload.get("node_id") or ""),
+                str(event.payload.get("worker_id") or ""),
+            )
+            if not registered_by_its_device(thread, *reporter):
+                # Another device's reading (one the thread was moved away from, or one that reported
+                # a thread registered here by another device first): never shown on this thread.
+                log.warning("budget event %s for %s from another device skipped", event.sequence, thread_id)
+                continue
             columns: dict[str, Any] = {}
             if not thread["worker_id"] and event.payload.get("worker_id"):
                 columns.update(_reporter_columns(thread, event.payload))
@@ -779,7 +894,7 @@ class ConversationsHandlers:
                 indicator = indicator_for(project["conversation_type"], thread_id, view.budget)
                 rings.append((project["project_id"], indicator_columns(indicator)))
                 if not indicator.shows_the_same_as(indicator_of(project)):
-                    events.append(_indicator_event(project, indicator))
+                    events.append(indicator_event(project, indicator))
             for project_id in projects_of_thread[thread_id]:
                 member_of = by_id.get(project_id)
                 if member_of is None or member_of["archived_at"] is not None:
@@ -819,23 +934,28 @@ class ConversationsHandlers:
           "compaction", compaction_count}: a compaction ended the handoff cycle; back to "none".
           When the thread's stored reading does not show that compaction yet, the project's risk
           is republished only with that reading (no false "handoff required" in between).
-        - `project.context_strategy.updated` {project_id, master_context_strategy_summary, ...}:
-          stores the project's summary (CB-13). The scheduler keys it by the `project_id` workers
-          report; a project unknown here is skipped.
+        - `project.context_strategy.updated` {owner_id, project_id, master_context_strategy_summary,
+          ranked_thread_ids, ...}: stores the project's summary (CB-13). The scheduler keys it by the
+          owner and the `project_id` workers report, which nothing checks: a summary is skipped for
+          a project unknown here, of another owner, or naming a thread that is not one of the
+          project's members here (`summary_fits_project`).
 
         Required and ready are relayed as CB-15 events (thread_id, project_ids, handoff_status,
         handoff_package_id, handoff_reason, to_thread_id); every applied change also refreshes the
         projects' `project.context_risk.updated`. Events about an older package than the one the
         thread shows change nothing. A required or ready event for a thread not known yet (its first
-        budget event is still behind on the other stream) imports the thread for the default owner,
-        as a budget event would, so the handoff state is not lost; consumed / expired for an unknown
-        thread are skipped.
+        budget event is still behind on the other stream) imports the thread for the owner the event
+        names (the default owner for events that name none), as a budget event would, so the
+        handoff state is not lost; consumed / expired for an unknown thread are skipped.
         - `task.status_changed` (the scheduler's Task as JSON): a chat task's status; applied by
           `ChatHandlers.apply_task_events` (task row, `task.updated`, and on its first terminal
           status the one message that ends it).
 
         `thread.schedule.updated` and other types only advance the cursor.
         """
+        applied = (TASK_STATUS_CHANGED, STRATEGY_UPDATED_EVENT, *SCHEDULER_HANDOFF_EVENTS)
+        if any(event.type in applied for event in batch):
+            await lock_projection(connection)
         repository = SqlAlchemyConversationsRepository(connection)
         published: list[NewEvent] = []
         for event in batch:
@@ -860,6 +980,18 @@ class ConversationsHandlers:
         if project is None:
             log.debug("strategy event %s for project %r unknown here skipped", event.sequence, project_id)
             return []
+        ranked = payload.get("ranked_thread_ids")
+        thread_ids = [str(thread_id) for thread_id in ranked] if isinstance(ranked, list) else []
+        members = await repository.member_threads(project_id)
+        if not summary_fits_project(
+            project, members, event_owner(payload, self.default_owner_id), thread_ids
+        ):
+            log.warning(
+                "strategy event %s for project %s skipped: not of its owner's member threads",
+                event.sequence,
+                project_id,
+            )
+            return []
         if project["strategy_summary"] == summary:
             return []
         await repository.update_project(project_id, {"strategy_summary": summary})
@@ -867,7 +999,7 @@ class ConversationsHandlers:
         assert project is not None
         if project["archived_at"] is not None:
             return []
-        detail = await self._detail(repository, project)
+        detail = self._detail_of(project, members)
         if not detail.threads:
             return []
         first = detail.threads[0]
@@ -891,7 +1023,7 @@ class ConversationsHandlers:
                 thread_id=thread_id,
                 node_id=str(payload.get("node_id") or event.node_id or ""),
                 worker_id=str(payload.get("worker_id") or ""),
-                owner_id=self.default_owner_id,
+                owner_id=event_owner(payload, self.default_owner_id),
                 codex_folder=str(payload.get("codex_folder") or ""),
             )
             await self._register(connection, registration, event.occurred_at)
@@ -968,6 +1100,63 @@ class ConversationsHandlers:
         if thread["archived_at"] is None and not _closed_ahead_of_its_reading(event, thread):
             published += await self._publish_thread_change(repository, thread_id)
         return published
+
+
+PROJECTION_LOCK_KEY = 6_268_001  # any fixed 64-bit number no other lock of this database uses
+"""The PostgreSQL advisory lock both upstream consumers take first (`lock_projection`)."""
+
+
+async def lock_projection(connection: AsyncConnection) -> None:
+    """Takes the projection's transaction-level advisory lock (PostgreSQL; SQLite's write
+    transactions are serial anyway). The consumers of context_budget's and of the scheduler's
+    streams both write thread and project rows, each in its own order: taking this lock first puts
+    every lock of theirs in one order, so they wait for each other instead of deadlocking (a
+    restart, when both catch up with large batches at once, saw a dozen deadlocks in seconds). RPC
+    writes do not take it."""
+    if connection.dialect.name == "postgresql":
+        await connection.execute(select(func.pg_advisory_xact_lock(PROJECTION_LOCK_KEY)))
+
+
+async def _is_device_of(connection: AsyncConnection, owner: str, node_id: str, worker_id: str) -> bool:
+    """Whether the owner has an active enrolled device, or a thread, on this node and worker."""
+    enrolled = select(devices.c.device_id).where(
+        devices.c.owner_id == owner,
+        devices.c.node_id == node_id,
+        devices.c.worker_id == worker_id,
+        devices.c.revoked_at.is_(None),
+    )
+    seen = select(threads.c.thread_id).where(
+        threads.c.owner_id == owner, threads.c.node_id == node_id, threads.c.worker_id == worker_id
+    )
+    found = await connection.execute(select(exists(enrolled) | exists(seen)))
+    return bool(found.scalar())
+
+
+def event_owner(payload: Mapping[Any, Any], default_owner_id: str) -> str:
+    """The owner an upstream event names; events from before they named one were all the default
+    owner's."""
+    return str(payload.get("owner_id") or default_owner_id)
+
+
+def summary_fits_project(
+    project: Mapping[Any, Any], members: Sequence[Mapping[Any, Any]], owner_id: str, thread_ids: Sequence[str]
+) -> bool:
+    """Whether a scheduler strategy summary of `owner_id`'s threads `thread_ids` may be stored on the
+    project: the owner is the project's and every thread is one of its members here. The scheduler
+    groups readings by the project id their worker names, which nothing checks; the projects a thread
+    belongs to are this service's (its own project, its groups, its owner's master project)."""
+    member_ids = {row["thread_id"] for row in members if row["owner_id"] == project["owner_id"]}
+    return owner_id == project["owner_id"] and all(thread_id in member_ids for thread_id in thread_ids)
+
+
+def registered_by_its_device(thread: Mapping[Any, Any], owner_id: str, node_id: str, worker_id: str) -> bool:
+    """Whether (owner_id, node_id, worker_id) is the device the stored thread belongs to. A thread
+    imported from a scheduler event knows no worker yet: its node's worker is its device."""
+    return (
+        thread["owner_id"] == owner_id
+        and thread["node_id"] == node_id
+        and thread["worker_id"] in ("", worker_id)
+    )
 
 
 def _set_aside_stale_summaries(

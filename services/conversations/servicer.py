@@ -18,7 +18,10 @@ from boss.conversations.v1 import conversations_pb2 as pb
 from boss.conversations.v1 import conversations_pb2_grpc
 
 from services.conversations.adapters.repository import indicator_of
+from services.conversations.chat.domain import CHAT_PATH_NOT_AVAILABLE
 from services.conversations.chat.proto_mapping import chat_task_message, gate_message, message_message
+from services.conversations.devices import DeviceHandlers
+from services.conversations.devices_servicer import DeviceServicer
 from services.conversations.domain.model import (
     GROUP,
     MASTER_AGENT,
@@ -27,20 +30,32 @@ from services.conversations.domain.model import (
     ThreadView,
     conversation_id_of,
 )
+from services.conversations.groups.handlers import GroupHandlers, GroupState
+from services.conversations.groups.proto_mapping import plan_message
 from services.conversations.service import ConversationsHandlers, ProjectDetailView, ThreadBudgetView
 from services.shared.auth import (
     SCOPE_CONVERSATIONS_READ,
     SCOPE_CONVERSATIONS_WRITE,
     SCOPE_EVENTS_READ,
     SCOPE_THREADS_REGISTER,
+    SERVICE,
+    WORKER,
     Principal,
     TokenAuthority,
 )
-from services.shared.errors import BossError, FieldViolation, InvalidArgument, grpc_status_of
+from services.shared.devices import DeviceRevocations
+from services.shared.errors import (
+    BossError,
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    PermissionDenied,
+    grpc_status_of,
+)
 from services.shared.event_stream import to_envelope
 from services.shared.grpc_server import translate_errors
 from services.shared.outbox import EventLog, StoredEvent
-from services.shared.time import to_timestamp
+from services.shared.time import to_timestamp, utc_now
 
 SERVICE_NAME = "boss.conversations.v1.ConversationsService"
 
@@ -63,7 +78,11 @@ def conversation_message(project: Mapping[Any, Any]) -> pb.Conversation:
         manual_pinned=bool(project["manual_pinned"]),
         latest_reply_at=to_timestamp(project["latest_reply_at"]),
         context_budget_indicator=pb.ContextBudgetIndicator(
-            visible=indicator.visible, style=indicator.style, percent=indicator.percent, level=indicator.level
+            visible=indicator.visible,
+            style=indicator.style,
+            percent=indicator.percent,
+            level=indicator.level,
+            awaiting_reading_after_compaction=indicator.awaiting_reading_after_compaction,
         ),
         context_budget_source_node_id=indicator.source_node_id,
         context_budget_updated_at=to_timestamp(indicator.updated_at),
@@ -90,6 +109,8 @@ def summary_message(view: ThreadView) -> pb.ThreadContextSummary:
         message.must_finish_before_compaction = budget.must_finish_before_compaction
         message.must_finish_reason = budget.must_finish_reason
         message.compaction_count = budget.compaction_count
+        message.awaiting_reading_after_compaction = budget.awaiting_reading_after_compaction
+        message.compaction_limit_source = budget.compaction_limit_source
         message.updated_at.CopyFrom(to_timestamp(budget.updated_at))
         if budget.compaction_expected_at:
             message.compaction_expected_at.CopyFrom(to_timestamp(budget.compaction_expected_at))
@@ -150,11 +171,22 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
     """ConversationsService over the handlers; every method verifies the caller's token first."""
 
     def __init__(
-        self, handlers: ConversationsHandlers, event_log: EventLog, authority: TokenAuthority
+        self,
+        handlers: ConversationsHandlers,
+        event_log: EventLog,
+        authority: TokenAuthority,
+        devices: DeviceHandlers | None = None,
     ) -> None:
+        """`devices`: the device registry (default: one on the handlers' database whose
+        revocations `authority` refuses)."""
         self._handlers = handlers
         self._event_log = event_log
         self._authority = authority
+        self.authority = authority
+        if authority.revocations is None:
+            authority.revocations = DeviceRevocations()
+        registry = devices or DeviceHandlers(handlers.database, event_log, authority, authority.revocations)
+        self.devices = DeviceServicer(handlers, registry, authority, thread_message)
 
     def _owner(self, principal: Principal, requested: str) -> str:
         """The owner a call acts for (see the module docstring)."""
@@ -171,14 +203,27 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
     async def RegisterThread(
         self, request: pb.RegisterThreadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterThreadResponse:
-        """Registers (or refreshes) a thread seen by a worker."""
-        principal = self._authority.authorize_grpc(context, SCOPE_THREADS_REGISTER)
+        """Registers (or refreshes) a thread seen by a worker: worker tokens for their own worker,
+        node and owner (a request naming another owner is PERMISSION_DENIED, reason
+        OWNER_MISMATCH), or service tokens naming the owner. A thread belongs to the device that
+        first registered or reported it: another device's registration is PERMISSION_DENIED
+        (THREAD_BOUND_TO_OTHER_DEVICE) and changes nothing."""
+        principal = self._authority.authorize_grpc(context, SCOPE_THREADS_REGISTER, WORKER, SERVICE)
         principal.require_worker(request.worker_id, request.node_id)
+        owner = request.owner_id or self._handlers.default_owner_id
+        if principal.kind == WORKER:
+            if request.owner_id and request.owner_id != principal.owner_id:
+                raise PermissionDenied(
+                    f"owner_id {request.owner_id!r} is not this worker's owner: a worker registers "
+                    "threads for the owner it was enrolled for (leave owner_id empty)",
+                    reason="OWNER_MISMATCH",
+                )
+            owner = principal.owner_id
         registration = Registration(
             thread_id=request.thread_id,
             node_id=request.node_id,
             worker_id=request.worker_id,
-            owner_id=request.owner_id or self._handlers.default_owner_id,
+            owner_id=owner,
             codex_folder=request.codex_folder,
             codex_thread_ref=request.codex_thread_ref,
             title=request.title,
@@ -220,10 +265,14 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
     ) -> pb.GetProjectResponse:
         """The project detail."""
         principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_READ)
-        detail = await self._handlers.get_project(
-            self._owner(principal, request.owner_id), request.project_id
-        )
-        return pb.GetProjectResponse(project=detail_message(detail))
+        owner = self._owner(principal, request.owner_id)
+        detail = await self._handlers.get_project(owner, request.project_id)
+        message = detail_message(detail)
+        groups = self._handlers.chat.groups
+        state = await groups.group_state(owner, detail.project) if groups is not None else None
+        if state is not None:  # a group: its pending plan (CHAT-4) and gate
+            _set_group_state(message, state)
+        return pb.GetProjectResponse(project=message)
 
     @translate_errors
     async def GetThreadContextBudget(
@@ -299,6 +348,10 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         )
         return pb.PostMessageResponse(
             message=message_message(sent.message),
+            master_reply=sent.master_reply,
+            dispatch_plan=plan_message(sent.dispatch_plan, utc_now())
+            if sent.dispatch_plan is not None
+            else None,
             task=chat_task_message(sent.task) if sent.task is not None else None,
             collaboration_gate=gate_message(sent.gate),
             created=sent.created,
@@ -310,14 +363,66 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
     ) -> pb.ListMessagesResponse:
         """A project's messages, oldest first, after `after_sequence` when set."""
         principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_READ)
+        owner = self._owner(principal, request.owner_id)
         rows, token = await self._handlers.chat.list_messages(
-            self._owner(principal, request.owner_id),
+            owner,
             request.project_id,
             request.page_size,
             request.page_token,
             request.after_sequence,
         )
-        return pb.ListMessagesResponse(messages=[message_message(row) for row in rows], next_page_token=token)
+        response = pb.ListMessagesResponse(
+            messages=[message_message(row) for row in rows], next_page_token=token
+        )
+        groups = self._handlers.chat.groups
+        state = await groups.group_state_of(owner, request.project_id) if groups is not None else None
+        if state is not None:  # a group: its pending plan (CHAT-4) and gate
+            _set_group_state(response, state)
+        return response
+
+    @translate_errors
+    async def GetDispatchPlan(
+        self, request: pb.GetDispatchPlanRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetDispatchPlanResponse:
+        """A group's dispatch plan and the group's gate (GroupHandlers.get_plan)."""
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_READ)
+        view = await self._groups().get_plan(self._owner(principal, request.owner_id), request.plan_id)
+        return pb.GetDispatchPlanResponse(
+            dispatch_plan=plan_message(view.plan, utc_now()), collaboration_gate=gate_message(view.gate)
+        )
+
+    @translate_errors
+    async def ConfirmDispatchPlan(
+        self, request: pb.ConfirmDispatchPlanRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ConfirmDispatchPlanResponse:
+        """Confirms a proposed plan: its dispatch_execution tasks (GroupHandlers.confirm_plan)."""
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_WRITE)
+        confirmed = await self._groups().confirm_plan(
+            self._owner(principal, request.owner_id), request.plan_id, list(request.dropped_target_ids)
+        )
+        return pb.ConfirmDispatchPlanResponse(
+            dispatch_plan=plan_message(confirmed.plan, utc_now()),
+            tasks=[chat_task_message(task) for task in confirmed.tasks],
+            collaboration_gate=gate_message(confirmed.gate),
+        )
+
+    @translate_errors
+    async def RejectDispatchPlan(
+        self, request: pb.RejectDispatchPlanRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RejectDispatchPlanResponse:
+        """Rejects a proposed plan (GroupHandlers.reject_plan)."""
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_WRITE)
+        view = await self._groups().reject_plan(self._owner(principal, request.owner_id), request.plan_id)
+        return pb.RejectDispatchPlanResponse(
+            dispatch_plan=plan_message(view.plan, utc_now()), collaboration_gate=gate_message(view.gate)
+        )
+
+    def _groups(self) -> GroupHandlers:
+        """The group chat. Raises FailedPrecondition (CHAT_PATH_NOT_AVAILABLE) when not wired."""
+        groups = self._handlers.chat.groups
+        if groups is None:
+            raise FailedPrecondition("group chat is not available here", reason=CHAT_PATH_NOT_AVAILABLE)
+        return groups
 
     @translate_errors
     async def GetChatTask(
@@ -342,6 +447,19 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         )
 
     @translate_errors
+    async def CancelChatTask(
+        self, request: pb.CancelChatTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelChatTaskResponse:
+        """Asks the scheduler to cancel a task that has not started (ChatHandlers.cancel_task)."""
+        principal = self._authority.authorize_grpc(context, SCOPE_CONVERSATIONS_WRITE)
+        view = await self._handlers.chat.cancel_task(
+            self._owner(principal, request.owner_id), request.task_id
+        )
+        return pb.CancelChatTaskResponse(
+            task=chat_task_message(view.task), collaboration_gate=gate_message(view.gate)
+        )
+
+    @translate_errors
     async def ListEvents(
         self, request: pb.ListEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListEventsResponse:
@@ -351,6 +469,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
             raise InvalidArgument([FieldViolation("page_size", "must not be negative")])
         owner = self._stream_owner(principal, request.owner_id)
         limit = min(request.page_size or 500, MAX_EVENTS_PAGE)
+        await self._event_log.admit(request.after_sequence)  # EVENTS_PRUNED when history is gone
         batch = await self._event_log.read_after(request.after_sequence, limit=limit)
         scanned = batch[-1].sequence if batch else request.after_sequence
         head = max(scanned, self._event_log.last_sequence)
@@ -367,6 +486,8 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         in runs of up to 500 per response (a run another owner's events emptied is not sent)."""
         try:
             principal = self._authority.authorize_grpc(context, SCOPE_EVENTS_READ)
+            if not request.from_head:
+                await self._event_log.admit(request.after_sequence, request.consumer, request.types)
         except BossError as error:
             await context.abort_with_status(grpc_status_of(error))
             return
@@ -378,6 +499,45 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
             visible = [to_envelope(event) for event in batch if event_visible_to(event, owner)]
             if visible:
                 yield pb.WatchEventsResponse(events=visible)
+
+    # ---- devices: delegated to DeviceServicer ----------------------------------------------------
+
+    async def MoveThread(
+        self, request: pb.MoveThreadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MoveThreadResponse:
+        """Moves a thread to another of its owner's devices (DeviceServicer.MoveThread)."""
+        return await self.devices.MoveThread(request, context)
+
+    async def CreatePairingCode(
+        self, request: pb.CreatePairingCodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreatePairingCodeResponse:
+        """A one-time pairing code (DeviceServicer.CreatePairingCode)."""
+        return await self.devices.CreatePairingCode(request, context)
+
+    async def EnrollDevice(
+        self, request: pb.EnrollDeviceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EnrollDeviceResponse:
+        """A device's credential for a pairing code (DeviceServicer.EnrollDevice)."""
+        return await self.devices.EnrollDevice(request, context)
+
+    async def ListDevices(
+        self, request: pb.ListDevicesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListDevicesResponse:
+        """The owner's devices (DeviceServicer.ListDevices)."""
+        return await self.devices.ListDevices(request, context)
+
+    async def RevokeDevice(
+        self, request: pb.RevokeDeviceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RevokeDeviceResponse:
+        """Revokes a device (DeviceServicer.RevokeDevice)."""
+        return await self.devices.RevokeDevice(request, context)
+
+
+def _set_group_state(message: pb.ProjectDetail | pb.ListMessagesResponse, state: GroupState) -> None:
+    """Fills a group's pending plan (when one waits) and gate into a detail or a message page."""
+    if state.pending_plan is not None:
+        message.pending_dispatch_plan.CopyFrom(plan_message(state.pending_plan, utc_now()))
+    message.collaboration_gate.CopyFrom(gate_message(state.gate))
 
 
 def payload_of(envelope_json: str) -> dict[str, Any]:

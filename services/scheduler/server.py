@@ -6,9 +6,10 @@ Background tasks: the outbox sequencer, the `EventConsumer` following context_bu
 `config.auth_secret()`; after each committed batch it marks the changed projects for the strategy
 publisher), the `StrategyPublisher` (project.context_strategy.updated), a sweeper expiring
 handoff packages every 30 s, and for tasks: the `EventConsumer` following conversations'
-`WatchEvents` (only `task.requested`, cursor `conversations`), the task sweeper (every
-BOSS_SCHEDULER_TASK_SWEEP_SECONDS, 1 s) and, on PostgreSQL, the LISTEN connection that wakes
-this process's waiting claims for enqueues committed by other scheduler processes.
+`WatchEvents` (only `task.requested` and `task.cancel_requested`, cursor `conversations`), the
+task sweeper (every BOSS_SCHEDULER_TASK_SWEEP_SECONDS, 1 s) and, on PostgreSQL, the LISTEN
+connection that wakes this process's waiting claims for enqueues committed by other scheduler
+processes.
 """
 
 from __future__ import annotations
@@ -28,19 +29,28 @@ from boss.scheduler.v1 import scheduler_pb2_grpc
 
 from services.scheduler.adapters import tables
 from services.scheduler.domain.model import SchedulerSettings
+from services.scheduler.metrics import task_queue_probe
 from services.scheduler.service import BUDGET_EVENT, SchedulerHandlers
 from services.scheduler.servicer import SchedulerServicer
-from services.scheduler.tasks.handlers import TASK_REQUESTED, TaskHandlers
+from services.scheduler.tasks.handlers import CONVERSATIONS_EVENT_TYPES, TaskHandlers
 from services.scheduler.tasks.model import TaskSettings
 from services.scheduler.tasks.servicer import TaskServicer
 from services.scheduler.tasks.wakeups import PostgresTaskListener, TaskWakeups, notify_channel
 from services.shared import config
 from services.shared.auth import TokenAuthority, bearer_metadata
-from services.shared.db import Database
+from services.shared.db import Database, wait_for_database
+from services.shared.devices import (
+    DEVICE_EVENTS_STREAM,
+    DeviceRevocations,
+    RevocationStore,
+    device_events_opener,
+)
 from services.shared.event_stream import EventConsumer, StreamOpener
 from services.shared.grpc_server import ServiceHost
+from services.shared.metrics import GaugeSampler, consumer_probe, event_log_probe
 from services.shared.migrations import upgrade_database
 from services.shared.outbox import EventLog
+from services.shared.retention import OutboxPruner, RetentionLoop, RetentionSettings, outbox_probe
 from services.shared.telemetry import configure_telemetry, instrument_engine
 
 SERVICE = "scheduler"
@@ -95,7 +105,9 @@ def budget_stream_opener(address: str, token: str) -> StreamOpener:
         async with grpc.aio.insecure_channel(address) as channel:
             stub = context_budget_pb2_grpc.ContextBudgetServiceStub(channel)
             call = stub.WatchEvents(
-                context_budget_pb2.WatchEventsRequest(after_sequence=after_sequence, types=[BUDGET_EVENT]),
+                context_budget_pb2.WatchEventsRequest(
+                    after_sequence=after_sequence, types=[BUDGET_EVENT], consumer=f"{SERVICE}/context_budget"
+                ),
                 metadata=bearer_metadata(token),
             )
             async for response in call:
@@ -106,13 +118,17 @@ def budget_stream_opener(address: str, token: str) -> StreamOpener:
 
 def conversations_stream_opener(address: str, token: str) -> StreamOpener:
     """A StreamOpener for EventConsumer: conversations' WatchEvents after a sequence, only
-    `task.requested` (every owner's: a service token)."""
+    `task.requested` and `task.cancel_requested` (every owner's: a service token)."""
 
     async def open_stream(after_sequence: int) -> AsyncIterator[Sequence[events_pb2.EventEnvelope]]:
         async with grpc.aio.insecure_channel(address) as channel:
             stub = conversations_pb2_grpc.ConversationsServiceStub(channel)
             call = stub.WatchEvents(
-                conversations_pb2.WatchEventsRequest(after_sequence=after_sequence, types=[TASK_REQUESTED]),
+                conversations_pb2.WatchEventsRequest(
+                    after_sequence=after_sequence,
+                    types=CONVERSATIONS_EVENT_TYPES,
+                    consumer=f"{SERVICE}/conversations",
+                ),
                 metadata=bearer_metadata(token),
             )
             async for response in call:
@@ -158,14 +174,20 @@ def build(
     schema: str = SERVICE,
     conversations_address: str | None = None,
     task_settings: TaskSettings | None = None,
+    retention: RetentionSettings | None = None,
 ) -> SchedulerApp:
     """Wires the scheduler (nothing starts until `host.run()` / `host.start()`). Tasks are created
     from conversations' stream only when `conversations_address` is given (serve() always gives
-    it); `task_settings` default to the environment's (`task_settings_from_environment`)."""
+    it); `task_settings` default to the environment's (`task_settings_from_environment`);
+    `retention` prunes the outbox behind its consumers (None: never; `serve` passes the
+    environment's settings, services/shared/retention.py)."""
     database = Database.connect(database_url, schema)
     event_log = EventLog(database, tables.metadata)
     handlers = SchedulerHandlers(database, event_log, settings or settings_from_environment())
-    authority = TokenAuthority(auth_secret)
+    revocations = DeviceRevocations()
+    revocation_store = RevocationStore(tables.revoked_devices, revocations, database.dialect)
+    handlers.revocation_store = revocation_store
+    authority = TokenAuthority(auth_secret, revocations)
     consumer = EventConsumer(
         stream_name="context_budget",
         database=database,
@@ -200,20 +222,51 @@ def build(
             after_commit=tasks.requests_committed,
         )
         background.append(task_consumer.run)
+        device_events = EventConsumer(
+            stream_name=DEVICE_EVENTS_STREAM,
+            database=database,
+            cursors=tables.event_cursors,
+            open_stream=device_events_opener(
+                conversations_address, authority.issue_service(SERVICE), f"{SERVICE}/{DEVICE_EVENTS_STREAM}"
+            ),
+            handle=handlers.apply_device_events,
+            after_commit=handlers.device_events_committed,
+        )
+        background.append(device_events.run)
+    consumers = [consumer] if task_consumer is None else [consumer, task_consumer, device_events]
+    probes = [
+        event_log_probe(event_log),
+        outbox_probe(database, tables.outbox_events),
+        task_queue_probe(database),
+        *map(consumer_probe, consumers),
+    ]
+    background.append(GaugeSampler(SERVICE, probes).run)
+    if retention is not None:
+        assert event_log.consumer_positions is not None
+        pruner = OutboxPruner(
+            database, tables.outbox_events, event_log.consumer_positions, retention, SERVICE
+        )
+        background.append(RetentionLoop(SERVICE, retention, [("outbox", pruner.prune)]).run)
     task_listener = None
     if database.dialect == "postgresql":
         task_listener = PostgresTaskListener(database_url, channel, wakeups)
         background.append(task_listener.run)
     servicer = SchedulerServicer(handlers, authority, TaskServicer(tasks, authority))
+
+    async def load_revocations() -> None:
+        await revocation_store.load(database)
+
     host = ServiceHost(
         name=SERVICE,
         listen=listen,
         register=lambda server: scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server),
         service_names=[SERVICE_NAME],
         background=background,
+        on_start=[load_revocations],
         on_draining=[event_log.end_followers],
         on_stop=[database.dispose],
         readiness_check=database.ping,
+        authority=authority,
     )
     return SchedulerApp(database, event_log, handlers, consumer, host, tasks, task_consumer, task_listener)
 
@@ -222,6 +275,7 @@ async def serve() -> None:
     """Runs the scheduler from the environment until SIGTERM/SIGINT."""
     configure_telemetry(SERVICE)
     service = config.ServiceSettings.from_environment(SERVICE)
+    await wait_for_database(service.database_url, SERVICE)
     if service.migrate_on_start:
         await migrate(service.database_url)
     app = build(
@@ -230,6 +284,7 @@ async def serve() -> None:
         auth_secret=service.auth_secret,
         context_budget_address=config.service_address("context_budget"),
         conversations_address=config.service_address("conversations"),
+        retention=RetentionSettings.from_environment(),
     )
     instrument_engine(app.database.writer)
     await app.event_log.ensure_sequencer_row()

@@ -52,8 +52,11 @@ from services.scheduler.domain.ranking import (
     rank_threads,
     strategy_summary,
 )
+from services.scheduler.metrics import count_compactions
 from services.scheduler.strategy_publisher import StrategyPublisher
+from services.shared.auth import DEFAULT_OWNER_ID
 from services.shared.db import Database
+from services.shared.devices import THREAD_MOVED_EVENT, RevocationStore
 from services.shared.errors import (
     COMMAND_NOT_FOUND,
     PACKAGE_NOT_FOUND,
@@ -64,6 +67,7 @@ from services.shared.errors import (
     NotFound,
     PermissionDenied,
 )
+from services.shared.identifiers import id_problem
 from services.shared.outbox import EventLog, NewEvent, StoredEvent
 from services.shared.time import isoformat_utc, utc_now
 
@@ -105,16 +109,20 @@ def report_from_event(event: StoredEvent) -> BudgetReport | None:
         snapshot_version=int(payload.get("snapshot_version") or 0),
         captured_at=captured_at,
         last_total_tokens=int(payload.get("last_total_tokens") or 0),
+        # Events from before they named the owner were all the default owner's.
+        owner_id=str(payload.get("owner_id") or DEFAULT_OWNER_ID),
     )
 
 
-def package_payload(package: HandoffPackage) -> dict[str, Any]:
+def package_payload(package: HandoffPackage, owner_id: str = "") -> dict[str, Any]:
     """The event payload describing a package's status: its ids, status and instants (RFC 3339
     UTC), `missing_items` (the CB-18 items the worker looked for and did not find) and
     `checklist_details` (item -> the checklist's detail in words, as GetHandoffPackage shows it),
-    so that a projection shows the same checklist as the scheduler."""
+    so that a projection shows the same checklist as the scheduler; `owner_id`: the owner of the
+    package's thread ("" when the scheduler does not know the thread)."""
     missing = [entry.item for entry in package.content.checklist if entry.status == "missing"]
     return {
+        "owner_id": owner_id,
         "handoff_package_id": package.handoff_package_id,
         "thread_id": package.from_thread_id,
         "from_thread_id": package.from_thread_id,
@@ -133,6 +141,7 @@ def package_payload(package: HandoffPackage) -> dict[str, Any]:
 def schedule_payload(state: ThreadState) -> dict[str, Any]:
     """The `thread.schedule.updated` payload: the thread's CB-7 flags and handoff state."""
     return {
+        "owner_id": state.owner_id,
         "thread_id": state.thread_id,
         "project_id": state.project_id,
         "node_id": state.node_id,
@@ -146,6 +155,21 @@ def schedule_payload(state: ThreadState) -> dict[str, Any]:
         "must_finish_before_compaction": state.must_finish,
         "must_finish_reason": state.must_finish_reason,
     }
+
+
+def check_request_id(field: str, value: str) -> None:
+    """Raises InvalidArgument naming `field` for an empty id, one over MAX_ID_LENGTH (200)
+    characters, or one holding a control or bidirectional formatting character (PostgreSQL cannot
+    even hold NUL: bad input, not an internal error; and a NOT_FOUND echoing a huge id would not
+    fit in gRPC's trailing metadata)."""
+    problem = id_problem(value)
+    if problem is not None:
+        raise InvalidArgument([FieldViolation(field, problem)])
+
+
+def _visible(state: ThreadState, owner_id: str | None) -> bool:
+    """Whether a caller acting for `owner_id` (None: every owner) may see the thread."""
+    return owner_id is None or state.owner_id == owner_id
 
 
 def _reports_of(events: list[StoredEvent]) -> list[BudgetReport]:
@@ -184,6 +208,8 @@ class SchedulerHandlers:
             `EventConsumer.upcoming`; none by default). See "Deciding ahead" below.
         batches_decided_ahead / batches_redecided: how many batches reused decisions made ahead,
             and how many had to decide again because a state changed meanwhile.
+        revocation_store: where revocations from the conversations service are kept (None: this
+            process follows none; `server.build` sets it).
 
     Deciding ahead (PostgreSQL): once a batch's decisions are made, and while its writes run, the
     handler decides the next batch's reports (`upcoming`) from the states it just decided and
@@ -213,10 +239,13 @@ class SchedulerHandlers:
         self.strategies = StrategyPublisher(database, event_log, self.repository, self.settings, clock)
         self._batch_projects: dict[str, bool] = {}
         self._batch_states: list[ThreadState] = []
+        # Per compaction the batch in flight saw: whether its package was ready (metrics.py).
+        self._batch_compactions: list[bool] = []
         self.upcoming: Callable[[], list[StoredEvent]] = list
         self._ahead: _DecidedAhead | None = None
         self.batches_decided_ahead = 0
         self.batches_redecided = 0
+        self.revocation_store: RevocationStore | None = None
 
     # ---- consuming context_budget's stream -------------------------------------------------------
 
@@ -229,7 +258,7 @@ class SchedulerHandlers:
         by `budget_batch_committed` once the consumer committed the batch. Decisions made ahead
         for these events are reused when they still hold (class docstring), and once this batch
         is decided the next one is decided ahead while the writes run."""
-        self._batch_projects, self._batch_states = {}, []
+        self._batch_projects, self._batch_states, self._batch_compactions = {}, [], []
         ahead = self._ahead_of(events)
         # The reports of the events decided ahead were parsed then; only the rest are parsed here.
         covered = ahead.reports if ahead is not None else []
@@ -272,13 +301,19 @@ class SchedulerHandlers:
         await self.repository.save_threads(connection, list(changed.values()), now)
         await self.repository.insert_commands(connection, command_rows)
         self._batch_projects, self._batch_states = projects, list(changed.values())
+        self._batch_compactions = [
+            not decision.handoff_missing for _report, _previous, decision in applied if decision.compaction
+        ]
         return published
 
     def budget_batch_committed(self) -> None:
         """EventConsumer `after_commit` hook: hands the projects the committed batch changed, and its
-        threads' final states, to the strategy publisher (urgent projects are recomputed at once)."""
+        threads' final states, to the strategy publisher (urgent projects are recomputed at once),
+        and counts the batch's compactions (`boss.scheduler.compactions`)."""
         projects, self._batch_projects = self._batch_projects, {}
         states, self._batch_states = self._batch_states, []
+        compactions, self._batch_compactions = self._batch_compactions, []
+        count_compactions(compactions)
         urgent = [project_id for project_id, is_urgent in projects.items() if is_urgent]
         self.strategies.mark(urgent, urgent=True, states=states)
         self.strategies.mark(
@@ -348,7 +383,12 @@ class SchedulerHandlers:
         """Writes what one decision creates (alert) and collects its package, relay, commands and
         events for the batch's bulk writes."""
         state = decision.state
-        subject = {"thread_id": state.thread_id, "project_id": state.project_id, "node_id": state.node_id}
+        subject = {
+            "owner_id": state.owner_id,
+            "thread_id": state.thread_id,
+            "project_id": state.project_id,
+            "node_id": state.node_id,
+        }
         compaction = decision.compaction
         closed_status = compaction.closed_package_status if compaction is not None else None
         if compaction is not None and closed_status in (PackageStatus.DRAFT, PackageStatus.READY):
@@ -437,6 +477,7 @@ class SchedulerHandlers:
                     "issued_at": now,
                     "outcome": "",
                     "outcome_detail": "",
+                    "owner_id": state.owner_id,
                 }
             )
         if decision.handoff_required_reason:
@@ -470,12 +511,44 @@ class SchedulerHandlers:
                 )
             )
 
+    # ---- the conversations service's device events -----------------------------------------------
+
+    async def apply_device_events(
+        self, connection: AsyncConnection, batch: list[StoredEvent]
+    ) -> list[NewEvent]:
+        """Applies conversations' device events (an EventConsumer handler, in its transaction):
+        `thread.moved` {owner_id, thread_id, node_id, worker_id} routes the owner's thread (its
+        future commands) to that device; `device.revoked` is stored (`revocation_store`, effective
+        after the commit: `device_events_committed`). Publishes nothing."""
+        for event in batch:
+            if event.type != THREAD_MOVED_EVENT:
+                continue
+            payload = event.payload
+            values = [
+                str(payload.get(name) or "") for name in ("thread_id", "owner_id", "node_id", "worker_id")
+            ]
+            if not all(values):
+                log.warning("thread.moved %s lacks a thread, owner or device; skipped", event.sequence)
+                continue
+            await self.repository.move_thread(connection, *values)
+        if self.revocation_store is not None:
+            await self.revocation_store.apply(connection, batch)
+        return []
+
+    def device_events_committed(self) -> None:
+        """After a batch of device events committed: its revocations take effect."""
+        if self.revocation_store is not None:
+            self.revocation_store.committed()
+
     # ---- reads -----------------------------------------------------------------------------------
 
-    async def rank(self, project_id: str = "", limit: int = 0) -> tuple[list[RankedThread], str]:
-        """Ranked threads (all, or one project's) and the strategy summary."""
+    async def rank(
+        self, project_id: str = "", limit: int = 0, owner_id: str | None = None
+    ) -> tuple[list[RankedThread], str]:
+        """Ranked threads (all, or one project's; with `owner_id` only that owner's) and the
+        strategy summary."""
         async with self.database.read() as connection:
-            states = await self.repository.threads(connection, project_id)
+            states = await self.repository.threads(connection, project_id, owner_id)
         ranked = rank_threads(states)
         choice = (
             choose_thread_for_work(states, self._clock(), self.settings.idle_after) if project_id else None
@@ -483,21 +556,26 @@ class SchedulerHandlers:
         summary = strategy_summary(ranked, choice)
         return (ranked[:limit] if limit > 0 else ranked), summary
 
-    async def choose_thread(self, project_id: str, exclude: frozenset[str]) -> WorkChoice:
-        """The best thread of a project for new work. Raises InvalidArgument for an empty project_id."""
+    async def choose_thread(
+        self, project_id: str, exclude: frozenset[str], owner_id: str | None = None
+    ) -> WorkChoice:
+        """The best thread of a project for new work (with `owner_id`, among that owner's threads).
+        Raises InvalidArgument for an empty project_id."""
         if not project_id:
-            raise InvalidArgument([FieldViolation("project_id", "required")])
+            raise InvalidArgument([FieldViolation("project_id", "is required")])
         async with self.database.read() as connection:
-            states = await self.repository.threads(connection, project_id)
+            states = await self.repository.threads(connection, project_id, owner_id)
         return choose_thread_for_work(states, self._clock(), self.settings.idle_after, exclude)
 
-    async def thread_schedule(self, thread_id: str) -> tuple[ThreadState, HandoffPackage | None]:
-        """A thread's state and its current package. NotFound for an unknown thread."""
-        if not thread_id:
-            raise InvalidArgument([FieldViolation("thread_id", "required")])
+    async def thread_schedule(
+        self, thread_id: str, owner_id: str | None = None
+    ) -> tuple[ThreadState, HandoffPackage | None]:
+        """A thread's state and its current package. NotFound for an unknown thread, and (with
+        `owner_id`) for another owner's: the same answer."""
+        check_request_id("thread_id", thread_id)
         async with self.database.read() as connection:
             state = await self.repository.thread(connection, thread_id)
-            if state is None:
+            if state is None or not _visible(state, owner_id):
                 raise NotFound(f"thread {thread_id} is unknown to the scheduler", reason=THREAD_NOT_FOUND)
             package = (
                 await self.repository.package(connection, state.current_package_id)
@@ -506,27 +584,38 @@ class SchedulerHandlers:
             )
         return state, package
 
-    async def package(self, handoff_package_id: str) -> HandoffPackage:
-        """One package. NotFound for an unknown id."""
-        if not handoff_package_id:
-            raise InvalidArgument([FieldViolation("handoff_package_id", "required")])
+    async def package(self, handoff_package_id: str, owner_id: str | None = None) -> HandoffPackage:
+        """One package. NotFound for an unknown id, and (with `owner_id`) for a package of another
+        owner's thread: the same answer."""
+        check_request_id("handoff_package_id", handoff_package_id)
         async with self.database.read() as connection:
             package = await self.repository.package(connection, handoff_package_id)
-        if package is None:
+            state = (
+                await self.repository.thread(connection, package.from_thread_id)
+                if package is not None and owner_id is not None
+                else None
+            )
+        if package is None or (owner_id is not None and (state is None or not _visible(state, owner_id))):
             raise NotFound(f"handoff package {handoff_package_id} does not exist", reason=PACKAGE_NOT_FOUND)
         return package
 
-    async def packages_of_thread(self, thread_id: str) -> list[HandoffPackage]:
-        """A thread's packages, newest first."""
-        if not thread_id:
-            raise InvalidArgument([FieldViolation("thread_id", "required")])
+    async def packages_of_thread(self, thread_id: str, owner_id: str | None = None) -> list[HandoffPackage]:
+        """A thread's packages, newest first; none for another owner's thread (with `owner_id`),
+        as for an unknown one."""
+        check_request_id("thread_id", thread_id)
         async with self.database.read() as connection:
+            if owner_id is not None:
+                state = await self.repository.thread(connection, thread_id)
+                if state is None or not _visible(state, owner_id):
+                    return []
             return await self.repository.packages_of_thread(connection, thread_id)
 
-    async def alerts(self, thread_id: str, project_id: str, open_only: bool) -> list[AlertRow]:
-        """handoff_missing alerts, newest first."""
+    async def alerts(
+        self, thread_id: str, project_id: str, open_only: bool, owner_id: str | None = None
+    ) -> list[AlertRow]:
+        """handoff_missing alerts, newest first (with `owner_id`, only of that owner's threads)."""
         async with self.database.read() as connection:
-            return await self.repository.alerts(connection, thread_id, project_id, open_only)
+            return await self.repository.alerts(connection, thread_id, project_id, open_only, owner_id)
 
     # ---- master-agent changes --------------------------------------------------------------------
 
@@ -535,7 +624,7 @@ class SchedulerHandlers:
         NotFound for an unknown thread. The worker's own flag is unaffected."""
         violations = []
         if not thread_id:
-            violations.append(FieldViolation("thread_id", "required"))
+            violations.append(FieldViolation("thread_id", "is required"))
         if must_finish and not reason.strip():
             violations.append(FieldViolation("reason", "required when setting must_finish_before_compaction"))
         if violations:
@@ -555,7 +644,7 @@ class SchedulerHandlers:
         """Records the ranking's task facts. InvalidArgument for importance outside 0-100."""
         violations = []
         if not thread_id:
-            violations.append(FieldViolation("thread_id", "required"))
+            violations.append(FieldViolation("thread_id", "is required"))
         if not 0 <= importance <= 100:
             violations.append(FieldViolation("task_importance", "must be between 0 and 100"))
         if violations:
@@ -599,17 +688,24 @@ class SchedulerHandlers:
     # ---- handoff packages ------------------------------------------------------------------------
 
     async def upload_package(
-        self, worker_id: str, node_id: str, command_id: str, handoff_package_id: str, content: PackageContent
+        self,
+        worker_id: str,
+        node_id: str,
+        command_id: str,
+        handoff_package_id: str,
+        content: PackageContent,
+        owner_id: str | None = None,
     ) -> HandoffPackage:
         """A worker's package: draft|ready -> ready. Idempotent for a repeated command_id.
 
         Publishes `thread.handoff.ready` (`package_payload` plus `current_for_thread`: false for a
         package a compaction closed, which becomes ready but is not the thread's current package
-        again). Raises InvalidArgument (missing ids), NotFound (unknown package), PermissionDenied
-        (the thread belongs to another worker or node), FailedPrecondition (consumed or expired).
+        again). Raises InvalidArgument (missing ids), NotFound (unknown package, or one of another
+        owner's thread when `owner_id` is given), PermissionDenied (the thread belongs to another
+        worker or node), FailedPrecondition (consumed or expired).
         """
         violations = [
-            FieldViolation(name, "required")
+            FieldViolation(name, "is required")
             for name, value in (
                 ("worker_id", worker_id),
                 ("node_id", node_id),
@@ -627,6 +723,10 @@ class SchedulerHandlers:
                     f"handoff package {handoff_package_id} does not exist", reason=PACKAGE_NOT_FOUND
                 )
             state = await self.repository.thread(connection, package.from_thread_id)
+            if owner_id is not None and (state is None or state.owner_id != owner_id):
+                raise NotFound(
+                    f"handoff package {handoff_package_id} does not exist", reason=PACKAGE_NOT_FOUND
+                )
             owner = (state.worker_id, state.node_id) if state else ("", package.node_id)
             if owner != (worker_id, node_id):
                 raise PermissionDenied(
@@ -660,7 +760,10 @@ class SchedulerHandlers:
             events = [
                 NewEvent(
                     "thread.handoff.ready",
-                    {**package_payload(package), "current_for_thread": is_current},
+                    {
+                        **package_payload(package, state.owner_id if state else ""),
+                        "current_for_thread": is_current,
+                    },
                     thread_id=package.from_thread_id,
                     project_id=package.project_id,
                     node_id=package.node_id,
@@ -677,14 +780,29 @@ class SchedulerHandlers:
             self.strategies.mark([saved.project_id], states=[saved])
         return package
 
-    async def consume_package(self, handoff_package_id: str, consumed_by: str) -> HandoffPackage:
+    async def consume_package(
+        self,
+        handoff_package_id: str,
+        consumed_by: str,
+        owner_id: str | None = None,
+        node_id: str | None = None,
+    ) -> HandoffPackage:
         """ready -> consumed by the relay thread (default: the package's to_thread_id).
-        NotFound for an unknown id; FailedPrecondition from any other status."""
-        if not handoff_package_id:
-            raise InvalidArgument([FieldViolation("handoff_package_id", "required")])
+        NotFound for an unknown id, and for a package the caller may not see: with `owner_id`, of
+        another owner's thread; with `node_id` too (a worker), of a thread on another node.
+        FailedPrecondition from any other status. Nothing changes on any error."""
+        check_request_id("handoff_package_id", handoff_package_id)
         now = self._clock()
         async with self.database.transaction() as connection:
             package = await self.repository.package(connection, handoff_package_id, for_update=True)
+            if package is not None and owner_id is not None:
+                state = await self.repository.thread(connection, package.from_thread_id)
+                if (
+                    state is None
+                    or state.owner_id != owner_id
+                    or (node_id is not None and state.node_id != node_id)
+                ):
+                    package = None
             if package is None:
                 raise NotFound(
                     f"handoff package {handoff_package_id} does not exist", reason=PACKAGE_NOT_FOUND
@@ -762,12 +880,19 @@ class SchedulerHandlers:
     # ---- worker commands -------------------------------------------------------------------------
 
     async def ack_command(
-        self, worker_id: str, node_id: str, command_id: str, outcome: str, detail: str
+        self,
+        worker_id: str,
+        node_id: str,
+        command_id: str,
+        outcome: str,
+        detail: str,
+        owner_id: str | None = None,
     ) -> CommandRow:
-        """Acknowledges a command. Idempotent; NotFound for an unknown id; PermissionDenied when it
-        is another worker's or node's; InvalidArgument for a missing id or outcome."""
+        """Acknowledges a command. Idempotent; NotFound for an unknown id, and (with `owner_id`) for
+        another owner's command; PermissionDenied when it is another worker's or node's;
+        InvalidArgument for a missing id or outcome."""
         violations = [
-            FieldViolation(name, "required")
+            FieldViolation(name, "is required")
             for name, value in (("command_id", command_id), ("outcome", outcome))
             if not value
         ]
@@ -776,7 +901,7 @@ class SchedulerHandlers:
         now = self._clock()
         async with self.database.transaction() as connection:
             command = await self.repository.command(connection, command_id)
-            if command is None:
+            if command is None or (owner_id is not None and command.owner_id != owner_id):
                 raise NotFound(f"command {command_id} does not exist", reason=COMMAND_NOT_FOUND)
             if (command.worker_id, command.node_id) != (worker_id, node_id):
                 raise PermissionDenied(
@@ -790,9 +915,10 @@ class SchedulerHandlers:
         return command
 
     async def follow_commands(
-        self, worker_id: str, node_id: str, poll_seconds: float = 1.0
+        self, worker_id: str, node_id: str, poll_seconds: float = 1.0, owner_id: str | None = None
     ) -> AsyncIterator[CommandRow]:
-        """Commands for a worker on a node: every unacknowledged one first, then new ones as their
+        """Commands for a worker on a node (with `owner_id`: of that owner's device, so a device of
+        another owner with the same names gets none): every unacknowledged one first, then new ones as their
         transactions commit (woken by the outbox sequencer, else every `poll_seconds`), and again any
         left unacknowledged for `redeliver_after`. Each is counted as delivered before it is yielded.
         Runs until the caller stops iterating."""
@@ -808,6 +934,7 @@ class SchedulerHandlers:
                     node_id,
                     now - self.settings.redeliver_after,
                     include_delivered=first,
+                    owner_id=owner_id,
                 )
                 await self.repository.mark_delivered(connection, [c.command_id for c in due], now)
             first = False

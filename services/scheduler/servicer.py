@@ -1,7 +1,17 @@
 """The gRPC face of the scheduler: `boss.scheduler.v1.SchedulerService`, methods named as in the
 proto. Each method checks the caller's token, converts messages to domain values, calls one handler
 and converts back. Errors are BossErrors, turned into rich status by `translate_errors` (unary) or
-`_abort` (streams)."""
+`_abort` (streams).
+
+Who may call (docs/architecture.md, "Trust boundaries"): reads (scheduler:read) take client tokens,
+which see only their owner's threads, packages, alerts and rankings (another owner's is NOT_FOUND or
+left out, as an unknown one), and service tokens, which see all; SetMustFinishBeforeCompaction and
+SetThreadWorkFacts take service tokens (scheduler:admin); UploadHandoffPackage, StreamWorkerCommands
+and AckWorkerCommand take the worker token of the named worker and node, for its owner's threads
+and commands only; ConsumeHandoffPackage takes a client token (its owner's packages), a worker token
+(packages of its owner's threads on its node) or a service token; WatchEvents takes service tokens.
+An open command stream of a device its owner revokes ends with UNAUTHENTICATED (DEVICE_REVOKED).
+"""
 
 from __future__ import annotations
 
@@ -24,11 +34,14 @@ from services.scheduler.domain.model import Level, ThreadState
 from services.scheduler.service import SchedulerHandlers
 from services.scheduler.tasks.servicer import TaskServicer
 from services.shared.auth import (
+    CLIENT,
     HANDOFF_CONSUME_SCOPES,
     SCOPE_EVENTS_READ,
     SCOPE_HANDOFF_WRITE,
     SCOPE_SCHEDULER_ADMIN,
     SCOPE_SCHEDULER_READ,
+    SERVICE,
+    WORKER,
     Principal,
     TokenAuthority,
 )
@@ -233,17 +246,29 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self._tasks = tasks
 
     def _worker(self, context: grpc.aio.ServicerContext, worker_id: str, node_id: str) -> Principal:
-        principal = self._authority.authorize_grpc(context, SCOPE_HANDOFF_WRITE)
+        """The caller: the worker token (handoff:write) of `worker_id` on `node_id`."""
+        principal = self._authority.authorize_grpc(context, SCOPE_HANDOFF_WRITE, WORKER)
         principal.require_worker(worker_id, node_id)
         return principal
+
+    def _reader(self, context: grpc.aio.ServicerContext) -> Principal:
+        """The caller of a read: a client or service token with scheduler:read."""
+        return self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ, CLIENT, SERVICE)
+
+    def _admin(self, context: grpc.aio.ServicerContext) -> Principal:
+        """The caller of a master-agent change: a service token with scheduler:admin."""
+        return self._authority.authorize_grpc(context, SCOPE_SCHEDULER_ADMIN, SERVICE)
 
     @translate_errors
     async def RankThreads(
         self, request: scheduler_pb2.RankThreadsRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.RankThreadsResponse:
-        """Ranked threads with reasons, and the strategy summary (CB-17)."""
-        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ)
-        ranked, summary = await self._handlers.rank(request.project_id, max(0, request.limit))
+        """Ranked threads with reasons, and the strategy summary (CB-17); a client token's owner's
+        threads only."""
+        principal = self._reader(context)
+        ranked, summary = await self._handlers.rank(
+            request.project_id, max(0, request.limit), principal.owner_scope
+        )
         response = scheduler_pb2.RankThreadsResponse(strategy_summary=summary)
         for item in ranked:
             entry = response.ranked_threads.add(
@@ -262,9 +287,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def ChooseThreadForWork(
         self, request: scheduler_pb2.ChooseThreadForWorkRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ChooseThreadForWorkResponse:
-        """The best thread for new work, or new_thread_needed."""
-        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ)
-        choice = await self._handlers.choose_thread(request.project_id, frozenset(request.exclude_thread_ids))
+        """The best thread for new work (a client token: among its owner's), or new_thread_needed."""
+        principal = self._reader(context)
+        choice = await self._handlers.choose_thread(
+            request.project_id, frozenset(request.exclude_thread_ids), principal.owner_scope
+        )
         return scheduler_pb2.ChooseThreadForWorkResponse(
             thread_id=choice.thread_id, new_thread_needed=choice.new_thread_needed, reason=choice.reason
         )
@@ -273,17 +300,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def GetThreadSchedule(
         self, request: scheduler_pb2.GetThreadScheduleRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.GetThreadScheduleResponse:
-        """One thread's scheduling view."""
-        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ)
-        state, package = await self._handlers.thread_schedule(request.thread_id)
+        """One thread's scheduling view (NOT_FOUND for another owner's thread)."""
+        principal = self._reader(context)
+        state, package = await self._handlers.thread_schedule(request.thread_id, principal.owner_scope)
         return scheduler_pb2.GetThreadScheduleResponse(thread_schedule=schedule_message(state, package))
 
     @translate_errors
     async def SetMustFinishBeforeCompaction(
         self, request: scheduler_pb2.SetMustFinishBeforeCompactionRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.SetMustFinishBeforeCompactionResponse:
-        """The master's CB-8 flag."""
-        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_ADMIN)
+        """The master's CB-8 flag (service tokens)."""
+        self._admin(context)
         state = await self._handlers.set_must_finish(
             request.thread_id, request.must_finish_before_compaction, request.reason
         )
@@ -295,8 +322,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def SetThreadWorkFacts(
         self, request: scheduler_pb2.SetThreadWorkFactsRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.SetThreadWorkFactsResponse:
-        """The ranking's task facts."""
-        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_ADMIN)
+        """The ranking's task facts (service tokens)."""
+        self._admin(context)
         state = await self._handlers.set_work_facts(
             request.thread_id,
             request.task_importance,
@@ -311,18 +338,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def GetHandoffPackage(
         self, request: scheduler_pb2.GetHandoffPackageRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.GetHandoffPackageResponse:
-        """One package."""
-        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ)
-        package = await self._handlers.package(request.handoff_package_id)
+        """One package (NOT_FOUND for a package of another owner's thread)."""
+        principal = self._reader(context)
+        package = await self._handlers.package(request.handoff_package_id, principal.owner_scope)
         return scheduler_pb2.GetHandoffPackageResponse(handoff_package=package_message(package))
 
     @translate_errors
     async def ListHandoffPackages(
         self, request: scheduler_pb2.ListHandoffPackagesRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ListHandoffPackagesResponse:
-        """A thread's packages, newest first."""
-        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ)
-        packages = await self._handlers.packages_of_thread(request.thread_id)
+        """A thread's packages, newest first (none for another owner's thread)."""
+        principal = self._reader(context)
+        packages = await self._handlers.packages_of_thread(request.thread_id, principal.owner_scope)
         return scheduler_pb2.ListHandoffPackagesResponse(
             handoff_packages=[package_message(p) for p in packages]
         )
@@ -331,14 +358,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def UploadHandoffPackage(
         self, request: scheduler_pb2.UploadHandoffPackageRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.UploadHandoffPackageResponse:
-        """A worker's package upload (draft|ready -> ready)."""
-        self._worker(context, request.worker_id, request.node_id)
+        """A worker's package upload (draft|ready -> ready), for its owner's threads only."""
+        principal = self._worker(context, request.worker_id, request.node_id)
         package = await self._handlers.upload_package(
             request.worker_id,
             request.node_id,
             request.command_id,
             request.handoff_package.handoff_package_id,
             content_of(request.handoff_package),
+            principal.owner_id,
         )
         return scheduler_pb2.UploadHandoffPackageResponse(handoff_package=package_message(package))
 
@@ -347,10 +375,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.ConsumeHandoffPackageRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ConsumeHandoffPackageResponse:
         """ready -> consumed. Needs scheduler:admin (the master), handoff:write (a worker's relay
-        thread) or conversations:write (the user, through the gateway)."""
-        self._authority.verify_grpc(context).require_any(HANDOFF_CONSUME_SCOPES)
+        thread: packages of its owner's threads on its node) or conversations:write (the user
+        through the gateway: its owner's packages). A package the caller may not see is NOT_FOUND
+        and left untouched."""
+        principal = self._authority.verify_grpc(context)
+        principal.require_any(HANDOFF_CONSUME_SCOPES)
         package = await self._handlers.consume_package(
-            request.handoff_package_id, request.consumed_by_thread_id
+            request.handoff_package_id,
+            request.consumed_by_thread_id,
+            principal.owner_scope,
+            principal.node_id if principal.kind == WORKER else None,
         )
         return scheduler_pb2.ConsumeHandoffPackageResponse(handoff_package=package_message(package))
 
@@ -358,14 +392,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def AckWorkerCommand(
         self, request: scheduler_pb2.AckWorkerCommandRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.AckWorkerCommandResponse:
-        """A worker's acknowledgement of a command."""
-        self._worker(context, request.worker_id, request.node_id)
+        """A worker's acknowledgement of a command (its owner's commands only)."""
+        principal = self._worker(context, request.worker_id, request.node_id)
         command = await self._handlers.ack_command(
             request.worker_id,
             request.node_id,
             request.command_id,
             OUTCOMES.get(request.outcome, ""),
             request.detail,
+            principal.owner_id,
         )
         return scheduler_pb2.AckWorkerCommandResponse(command=command_message(command))
 
@@ -373,31 +408,46 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def ListHandoffAlerts(
         self, request: scheduler_pb2.ListHandoffAlertsRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ListHandoffAlertsResponse:
-        """handoff_missing alerts."""
-        self._authority.authorize_grpc(context, SCOPE_SCHEDULER_READ)
-        alerts = await self._handlers.alerts(request.thread_id, request.project_id, request.open_only)
+        """handoff_missing alerts (a client token: of its owner's threads only)."""
+        principal = self._reader(context)
+        alerts = await self._handlers.alerts(
+            request.thread_id, request.project_id, request.open_only, principal.owner_scope
+        )
         return scheduler_pb2.ListHandoffAlertsResponse(alerts=[alert_message(a) for a in alerts])
 
     async def StreamWorkerCommands(
         self, request: scheduler_pb2.StreamWorkerCommandsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[scheduler_pb2.StreamWorkerCommandsResponse]:
-        """The per-node command stream (see the proto)."""
+        """The per-node command stream (see the proto): the worker's own owner's commands; ends with
+        UNAUTHENTICATED (DEVICE_REVOKED) as soon as the device is revoked."""
         try:
-            self._worker(context, request.worker_id, request.node_id)
+            principal = self._worker(context, request.worker_id, request.node_id)
         except BossError as error:
             await context.abort_with_status(grpc_status_of(error))
             return
         log.info("command stream opened for worker %s on node %s", request.worker_id, request.node_id)
-        async for command in self._handlers.follow_commands(request.worker_id, request.node_id):
-            yield scheduler_pb2.StreamWorkerCommandsResponse(command=command_message(command))
+        commands = self._handlers.follow_commands(
+            request.worker_id, request.node_id, owner_id=principal.owner_id
+        )
+        revocations = self._authority.revocations
+        if revocations is not None:
+            commands = revocations.guard_stream(principal, commands)
+        try:
+            async for command in commands:
+                yield scheduler_pb2.StreamWorkerCommandsResponse(command=command_message(command))
+        except BossError as error:
+            await context.abort_with_status(grpc_status_of(error))
 
     async def WatchEvents(
         self, request: scheduler_pb2.WatchEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[scheduler_pb2.WatchEventsResponse]:
         """The scheduler's event stream, resumable by sequence, in runs of up to 500 events per
-        response."""
+        response. Service tokens only: it spans every owner."""
         try:
-            self._authority.authorize_grpc(context, SCOPE_EVENTS_READ)
+            self._authority.authorize_grpc(context, SCOPE_EVENTS_READ, SERVICE)
+            await self._handlers.event_log.admit(
+                request.after_sequence, request.consumer, request.types
+            )  # retention
         except BossError as error:
             await context.abort_with_status(grpc_status_of(error))
             return
@@ -437,3 +487,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.GetTaskResponse:
         """One task (TaskServicer.GetTask)."""
         return await self._tasks.GetTask(request, context)
+
+    async def ListDevicePresence(
+        self, request: scheduler_pb2.ListDevicePresenceRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ListDevicePresenceResponse:
+        """Whether devices are online (TaskServicer.ListDevicePresence)."""
+        return await self._tasks.ListDevicePresence(request, context)

@@ -7,7 +7,9 @@ applying the report that changed one of them, so handlers do not recompute it in
 after their transaction commits they *mark* the changed projects dirty, and this publisher's
 background task recomputes the dirty projects in its own transaction (outbox in that transaction),
 publishing an event only for a project whose summary text differs from the last one published
-(`project_strategies`), exactly as before.
+(`project_strategies`), exactly as before. A summary is of one owner's threads of a project
+(`owners_of_projects`): the project id is the one the reporting worker names, which nothing checks,
+so no summary mixes two owners' threads; each event names its owner.
 
 Timing: a mark is published
 - at once (when the previous publication ended at least `SchedulerSettings.strategy_urgent_interval`,
@@ -31,7 +33,6 @@ sees the same committed states a reload would: its summaries and events are thos
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterable
@@ -39,6 +40,7 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from boss_common.waiting import wait_until_set
 from services.scheduler.adapters.repository import SqlAlchemySchedulerRepository, utc_state
 from services.scheduler.domain.model import SchedulerSettings, ThreadState
 from services.scheduler.domain.ranking import choose_thread_for_work, rank_threads, strategy_summary
@@ -205,8 +207,7 @@ class StrategyPublisher:
                 if delay <= 0:
                     break
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                await wait_until_set(self._wake, delay)
             self._wake.clear()
             if not self.pending:
                 continue
@@ -218,8 +219,8 @@ class StrategyPublisher:
                 self._wake.set()
 
     async def _publish(self, dirty: set[str], everything: bool) -> int:
-        """One transaction: the projects' threads (kept ones, else loaded), their summaries, the
-        changed ones recorded and published."""
+        """One transaction: the projects' threads (kept ones, else loaded), a summary per owner of
+        each project, the changed ones recorded and published."""
         now = self._clock()
         async with self._database.transaction() as connection:
             by_project = await self._states_of(connection, dirty, everything)
@@ -227,20 +228,23 @@ class StrategyPublisher:
             if not by_project:
                 return 0
             previous = await self._repository.strategies(connection, by_project)
+            by_owner = owners_of_projects(by_project, previous)
             events = []
-            summaries: dict[str, str] = {}
-            for project_id in sorted(by_project):
-                states = by_project[project_id]
+            summaries: dict[tuple[str, str], str] = {}
+            for key in sorted(by_owner):
+                owner_id, project_id = key
+                states = by_owner[key]
                 ranked = rank_threads(states)
                 choice = choose_thread_for_work(states, now, self._settings.idle_after)
                 summary = strategy_summary(ranked, choice)
-                if previous.get(project_id) == summary:
+                if previous.get(key) == summary:
                     continue
-                summaries[project_id] = summary
+                summaries[key] = summary
                 events.append(
                     NewEvent(
                         STRATEGY_EVENT,
                         {
+                            "owner_id": owner_id,
                             "project_id": project_id,
                             "master_context_strategy_summary": summary,
                             "ranked_thread_ids": [item.state.thread_id for item in ranked],
@@ -301,3 +305,19 @@ class StrategyPublisher:
         for state in handed:
             self._keep(state)
         return by_project
+
+
+def owners_of_projects(
+    by_project: dict[str, list[ThreadState]], published: Iterable[tuple[str, str]] = ()
+) -> dict[tuple[str, str], list[ThreadState]]:
+    """The threads of each project split by their owner, keyed (owner_id, project_id); an owner with
+    a `published` summary of one of these projects and no thread in it any more gets an empty list
+    (its summary says so). A project id is what a worker reports, so two owners' devices may name the
+    same one: each owner's threads get a summary of their own, and no summary ever mixes owners."""
+    by_owner: dict[tuple[str, str], list[ThreadState]] = {
+        (owner_id, project_id): [] for owner_id, project_id in published if project_id in by_project
+    }
+    for project_id, states in by_project.items():
+        for state in states:
+            by_owner.setdefault((state.owner_id, project_id), []).append(state)
+    return by_owner

@@ -2,13 +2,21 @@
 
 Three kinds of principal:
 
-- **worker**: bound to one `worker_id` and `node_id`; may report budgets, register threads, claim
-  tasks and receive commands only for them.
+- **worker**: a device's worker, bound to one `worker_id` and `node_id` and enrolled for one
+  `owner_id` (the owner comes from the token, never from a request); may report budgets, register
+  threads, claim tasks and receive commands only for them and only for that owner's threads. A
+  worker token issued before tokens carried an owner belongs to the default owner "local". A token
+  from enrollment by pairing code also names its `device_id`, so its owner can revoke it
+  (`DeviceRevocations`).
 - **client**: the app or the web console of one `owner_id`; reads and writes that owner's data.
 - **service**: another Boss service (reads event streams, calls internal RPCs).
 
-gRPC callers send `authorization: Bearer <token>` metadata; HTTP callers the same header (the SSE
-endpoint also accepts `?access_token=`, since browsers cannot set headers on EventSource).
+Who may call which RPC is one table in docs/architecture.md ("Trust boundaries"); every service
+enforces its rows itself.
+
+gRPC callers send `authorization: Bearer <token>` metadata (`bearer_metadata`, from
+boss_common/bearer.py: the worker sends it too); HTTP callers the same header (the SSE endpoint also
+accepts `?access_token=`, since browsers cannot set headers on EventSource).
 """
 
 from __future__ import annotations
@@ -17,12 +25,18 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import grpc
 import jwt
 
+from boss_common.bearer import bearer_metadata as bearer_metadata  # the services import it from here
+from services.shared.devices import revoked_error
 from services.shared.errors import PermissionDenied, Unauthenticated
 from services.shared.time import utc_now
+
+if TYPE_CHECKING:
+    from services.shared.devices import DeviceRevocations
 
 ISSUER = "boss"
 AUDIENCE = "boss"
@@ -40,6 +54,14 @@ SCOPE_CONVERSATIONS_WRITE = "conversations:write"
 SCOPE_SCHEDULER_READ = "scheduler:read"
 SCOPE_SCHEDULER_ADMIN = "scheduler:admin"
 SCOPE_EVENTS_READ = "events:read"
+
+WORKER = "worker"
+CLIENT = "client"
+SERVICE = "service"
+KINDS = (WORKER, CLIENT, SERVICE)
+
+DEFAULT_OWNER_ID = "local"
+"""The owner of worker tokens that carry none (issued before tokens named their owner)."""
 
 HANDOFF_CONSUME_SCOPES = (SCOPE_SCHEDULER_ADMIN, SCOPE_HANDOFF_WRITE, SCOPE_CONVERSATIONS_WRITE)
 """Any one of these lets a caller mark a handoff package consumed: the master agent
@@ -69,14 +91,36 @@ SERVICE_SCOPES = (
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling, from a verified token."""
+    """Who is calling, from a verified token.
+
+    Attributes:
+        kind: "worker" | "client" | "service".
+        owner_id: the owner a client or worker token acts for ("" for service tokens).
+        device_id: the enrolled device of a worker token from a pairing code ("" otherwise).
+    """
 
     subject: str
-    kind: str  # "worker" | "client" | "service"
+    kind: str
     scopes: frozenset[str] = field(default_factory=frozenset)
     worker_id: str = ""
     node_id: str = ""
     owner_id: str = ""
+    device_id: str = ""
+
+    @property
+    def owner_scope(self) -> str | None:
+        """The owner whose data this caller may see: its own owner for client and worker tokens,
+        None (every owner) for service tokens."""
+        return None if self.kind == SERVICE else self.owner_id
+
+    def require_kind(self, *kinds: str) -> None:
+        """Raises PermissionDenied (reason TOKEN_KIND_NOT_ALLOWED) unless the token is one of
+        `kinds` ("worker", "client", "service"), naming the kinds the call takes."""
+        if self.kind not in kinds:
+            names = " or ".join(f"a {kind}" for kind in kinds)
+            raise PermissionDenied(
+                f"this call takes {names} token, not a {self.kind} token", reason="TOKEN_KIND_NOT_ALLOWED"
+            )
 
     def require(self, scope: str) -> None:
         """Raises PermissionDenied unless the token carries `scope`."""
@@ -96,9 +140,9 @@ class Principal:
         worker token of `worker_id` on `node_id` (service tokens may act for any worker). With
         `node_id` None only the worker is checked, e.g. against a URL path before the body that
         names the node is read."""
-        if self.kind == "service":
+        if self.kind == SERVICE:
             return
-        if self.kind != "worker" or self.worker_id != worker_id:
+        if self.kind != WORKER or self.worker_id != worker_id:
             raise PermissionDenied(
                 f"token is bound to worker {self.worker_id!r}, not {worker_id!r}", reason="WORKER_MISMATCH"
             )
@@ -109,12 +153,20 @@ class Principal:
 
 
 class TokenAuthority:
-    """Issues and verifies tokens with one shared HS256 secret."""
+    """Issues and verifies tokens with one shared HS256 secret.
 
-    def __init__(self, secret: str) -> None:
+    Args:
+        secret: the shared secret, at least 32 bytes (RFC 7518 §3.2). Raises ValueError otherwise.
+        revocations: the devices whose tokens are refused (UNAUTHENTICATED, reason DEVICE_REVOKED);
+            a service keeps it current from the conversations service's `device.revoked` events.
+            None: no device is revoked (tools that only issue tokens).
+    """
+
+    def __init__(self, secret: str, revocations: DeviceRevocations | None = None) -> None:
         if len(secret.encode()) < 32:
             raise ValueError("auth secret too short: use at least 32 bytes (RFC 7518 §3.2)")
         self._secret = secret
+        self.revocations = revocations
 
     def issue(
         self,
@@ -125,6 +177,7 @@ class TokenAuthority:
         worker_id: str = "",
         node_id: str = "",
         owner_id: str = "",
+        device_id: str = "",
         lifetime: timedelta = timedelta(days=30),
     ) -> str:
         """A signed token. `lifetime` is how long it stays valid."""
@@ -142,23 +195,36 @@ class TokenAuthority:
             "node_id": node_id,
             "owner_id": owner_id,
         }
+        if device_id:
+            claims["device_id"] = device_id
         return jwt.encode(claims, self._secret, algorithm=ALGORITHM)
 
-    def issue_worker(self, worker_id: str, node_id: str, lifetime: timedelta = timedelta(days=30)) -> str:
-        """A worker token bound to `worker_id` on `node_id`."""
+    def issue_worker(
+        self,
+        worker_id: str,
+        node_id: str,
+        lifetime: timedelta = timedelta(days=30),
+        *,
+        owner_id: str = DEFAULT_OWNER_ID,
+        device_id: str = "",
+    ) -> str:
+        """A worker token bound to `worker_id` on `node_id`, acting for `owner_id`; `device_id`
+        names the enrolled device (a token from a pairing code), so revoking it refuses the token."""
         return self.issue(
-            kind="worker",
+            kind=WORKER,
             subject=f"worker:{worker_id}",
             scopes=WORKER_SCOPES,
             worker_id=worker_id,
             node_id=node_id,
+            owner_id=owner_id,
+            device_id=device_id,
             lifetime=lifetime,
         )
 
     def issue_client(self, owner_id: str, lifetime: timedelta = timedelta(days=30)) -> str:
         """A client (app, console) token for `owner_id`."""
         return self.issue(
-            kind="client",
+            kind=CLIENT,
             subject=f"client:{owner_id}",
             scopes=CLIENT_SCOPES,
             owner_id=owner_id,
@@ -168,7 +234,7 @@ class TokenAuthority:
     def issue_service(self, service: str, lifetime: timedelta = timedelta(days=365)) -> str:
         """A token for one Boss service calling another."""
         return self.issue(
-            kind="service",
+            kind=SERVICE,
             subject=f"service:{service}",
             scopes=SERVICE_SCOPES,
             owner_id="",
@@ -176,7 +242,8 @@ class TokenAuthority:
         )
 
     def verify(self, token: str) -> Principal:
-        """The principal of a valid token. Raises Unauthenticated (expired, bad signature, malformed)."""
+        """The principal of a valid token. Raises Unauthenticated (expired, bad signature,
+        malformed; reason DEVICE_REVOKED for the token of a device its owner revoked)."""
         try:
             claims = jwt.decode(
                 token,
@@ -191,16 +258,28 @@ class TokenAuthority:
         except jwt.PyJWTError as error:
             raise Unauthenticated(f"invalid token: {error}", reason="TOKEN_INVALID") from error
         kind = claims.get("kind")
-        if kind not in {"worker", "client", "service"}:
+        if kind not in KINDS:
             raise Unauthenticated("invalid token: unknown kind", reason="TOKEN_INVALID")
-        return Principal(
+        owner_id = str(claims.get("owner_id") or "")
+        if kind == WORKER and not owner_id:
+            owner_id = DEFAULT_OWNER_ID
+        principal = Principal(
             subject=str(claims["sub"]),
             kind=str(kind),
             scopes=frozenset(claims.get("scopes") or ()),
             worker_id=str(claims.get("worker_id") or ""),
             node_id=str(claims.get("node_id") or ""),
-            owner_id=str(claims.get("owner_id") or ""),
+            owner_id=owner_id,
+            device_id=str(claims.get("device_id") or ""),
         )
+        self.check_not_revoked(principal)
+        return principal
+
+    def check_not_revoked(self, principal: Principal) -> None:
+        """Raises Unauthenticated (reason DEVICE_REVOKED) when `principal` is a device its owner
+        revoked (see `revocations`)."""
+        if principal.device_id and self.revocations is not None and principal.device_id in self.revocations:
+            raise revoked_error(principal.device_id)
 
     def verify_header(self, authorization: str | None) -> Principal:
         """Verifies an `Authorization: Bearer <token>` value. Raises Unauthenticated."""
@@ -218,14 +297,12 @@ class TokenAuthority:
         metadata = dict(context.invocation_metadata() or ())
         return self.verify_header(metadata.get("authorization"))
 
-    def authorize_grpc(self, context: grpc.aio.ServicerContext, scope: str) -> Principal:
-        """The caller of a gRPC call, who must carry `scope`. Raises Unauthenticated (no or bad
-        token) or PermissionDenied (scope missing)."""
+    def authorize_grpc(self, context: grpc.aio.ServicerContext, scope: str, *kinds: str) -> Principal:
+        """The caller of a gRPC call, who must carry `scope` and, when `kinds` are given, be of one
+        of them ("worker", "client", "service"). Raises Unauthenticated (no or bad token) or
+        PermissionDenied (scope missing: SCOPE_MISSING; another kind: TOKEN_KIND_NOT_ALLOWED)."""
         principal = self.verify_grpc(context)
         principal.require(scope)
+        if kinds:
+            principal.require_kind(*kinds)
         return principal
-
-
-def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
-    """gRPC call metadata carrying `token`."""
-    return (("authorization", f"Bearer {token}"),)

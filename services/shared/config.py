@@ -8,38 +8,46 @@
 | BOSS_AUTH_SECRET | contents of $BOSS_DATA_DIR/auth-secret | HS256 signing key for tokens |
 | BOSS_<SERVICE>_LISTEN | 127.0.0.1:<port> | where a service listens |
 | BOSS_<SERVICE>_ADDRESS | 127.0.0.1:<port> | where clients find a service |
+| BOSS_DATABASE_WAIT_SECONDS | 300 | how long a starting service waits for its PostgreSQL (db.py) |
 | BOSS_MIGRATE_ON_START | true | apply Alembic migrations when a service starts (false in production) |
 | BOSS_LOG_LEVEL | INFO | Python logging level |
+| BOSS_LOG_FORMAT | text | `text` or `json` (one JSON object per line: logging_setup.py) |
+| BOSS_<SERVICE>_METRICS_LISTEN | (unset) | host:port of the Prometheus `/metrics` listener (metrics.py) |
+| BOSS_METRICS_SAMPLE_SECONDS | 15 | time between two samples of the gauges (metrics.py) |
+| BOSS_RETENTION_* | see retention.py | how long history and outbox events are kept |
 | BOSS_DEFAULT_OWNER_ID | local | owner of threads registered without one (one person's installation) |
 
-Services are named `context_budget`, `scheduler`, `conversations` and `gateway`.
+Services are named `context_budget`, `scheduler`, `conversations` and `gateway`. What the worker
+reads as well (BOSS_DATA_DIR, BOSS_<SERVICE>_ADDRESS: `data_dir`, `service_address`) is defined in
+boss_common/config.py and used from here.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_PORTS: dict[str, int] = {
-    "context_budget": 50051,
-    "scheduler": 50052,
-    "conversations": 50053,
-    "gateway": 8080,
-}
+from boss_common.config import DEFAULT_PORTS, data_dir, setting
+from boss_common.config import service_address as service_address  # the services import it from here
 
 
-def _env(name: str) -> str | None:
-    value = os.environ.get(name)
-    return value if value else None
+def write_private(path: Path, text: str) -> None:
+    """Writes `text` to `path` readable and writable by its owner only (mode 0600, set before a
+    byte is written; an existing file's wider mode is narrowed first)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+        os.fchmod(stream.fileno(), 0o600)
+        stream.write(text)
 
 
-def data_dir() -> Path:
-    """The folder for embedded databases and local secrets (created on first use)."""
-    path = Path(_env("BOSS_DATA_DIR") or "var").resolve()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def make_private(path: Path) -> None:
+    """Narrows an existing file's mode to its owner (0600 at most). Raises OSError."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        path.chmod(mode & 0o700)
 
 
 def database_url(service: str) -> str:
@@ -49,7 +57,7 @@ def database_url(service: str) -> str:
     `$BOSS_DATA_DIR/<service>.sqlite3`. PostgreSQL URLs use the psycopg 3 driver; a plain
     `postgresql://` URL is rewritten to `postgresql+psycopg://`.
     """
-    url = _env(f"BOSS_{service.upper()}_DATABASE_URL") or _env("BOSS_DATABASE_URL")
+    url = setting(f"BOSS_{service.upper()}_DATABASE_URL") or setting("BOSS_DATABASE_URL")
     if url is None:
         return f"sqlite+aiosqlite:///{data_dir() / f'{service}.sqlite3'}"
     if url.startswith("postgresql://") or url.startswith("postgres://"):
@@ -59,42 +67,38 @@ def database_url(service: str) -> str:
 
 def listen_address(service: str) -> str:
     """host:port a service binds to."""
-    return _env(f"BOSS_{service.upper()}_LISTEN") or f"127.0.0.1:{DEFAULT_PORTS[service]}"
-
-
-def service_address(service: str) -> str:
-    """host:port (or a gRPC target such as dns:///name:port) where clients reach a service."""
-    return _env(f"BOSS_{service.upper()}_ADDRESS") or f"127.0.0.1:{DEFAULT_PORTS[service]}"
+    return setting(f"BOSS_{service.upper()}_LISTEN") or f"127.0.0.1:{DEFAULT_PORTS[service]}"
 
 
 def default_owner_id() -> str:
     """The owner of threads that workers register without naming one, and of `make run`'s client
     token: a one-person installation has a single owner."""
-    return _env("BOSS_DEFAULT_OWNER_ID") or "local"
+    return setting("BOSS_DEFAULT_OWNER_ID") or "local"
 
 
 def migrate_on_start() -> bool:
     """Whether services apply their migrations at start (local mode) or leave it to `migrate`."""
-    return (_env("BOSS_MIGRATE_ON_START") or "true").lower() in {"1", "true", "yes"}
+    return (setting("BOSS_MIGRATE_ON_START") or "true").lower() in {"1", "true", "yes"}
 
 
 def auth_secret(create: bool = True) -> str:
     """The HS256 signing key: BOSS_AUTH_SECRET, else `$BOSS_DATA_DIR/auth-secret`.
 
     With `create`, a missing file is made with 256 random bits (mode 0600), the way a local
-    notebook server makes its token. Raises RuntimeError when no secret exists and create is False.
+    notebook server makes its token; an existing file that others may read is narrowed to 0600.
+    Raises RuntimeError when no secret exists and create is False.
     """
-    configured = _env("BOSS_AUTH_SECRET")
+    configured = setting("BOSS_AUTH_SECRET")
     if configured:
         return configured
     path = data_dir() / "auth-secret"
     if path.exists():
+        make_private(path)  # a secret others may read is not one
         return path.read_text().strip()
     if not create:
         raise RuntimeError(f"no auth secret: set BOSS_AUTH_SECRET or create {path}")
     secret = secrets.token_urlsafe(32)
-    path.touch(mode=0o600)
-    path.write_text(secret + "\n")
+    write_private(path, secret + "\n")
     return secret
 
 

@@ -23,20 +23,32 @@ its lock until then (until the garbage collector frees that traceback): every ot
 process would wait the busy timeout and fail with "database is locked". So SQLite connections are
 `_SQLiteConnection`s, whose close first closes their cursors and rolls back, all in the close's one
 call on the driver's thread, which runs to completion once queued, whatever happens to the caller.
+
+A service starting before its PostgreSQL server is up (a node's boot, a rolling restart of both)
+waits for it (`wait_for_database`), saying why on every try, instead of failing its migration.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import os
 import sqlite3
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from services.shared.config import make_private
+
+log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -98,6 +110,22 @@ def _configure_sqlite(engine: AsyncEngine, begin_statement: str) -> None:
         connection.exec_driver_sql(begin_statement)
 
 
+def make_sqlite_file_private(url: str) -> None:
+    """Creates the SQLite database file of `url` with mode 0600 when it does not exist, and narrows
+    an existing one's mode to its owner: it holds every thread, message and device of the
+    installation. SQLite gives its -wal and -shm files the database file's permissions. An
+    in-memory database is left alone."""
+    path = make_url(url).database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    file = Path(path)
+    if file.exists():
+        make_private(file)
+        return
+    file.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(file, os.O_WRONLY | os.O_CREAT, 0o600))
+
+
 def create_engine(url: str, schema: str | None, *, writer: bool = True, pool_size: int = 10) -> AsyncEngine:
     """An async engine for `url`.
 
@@ -141,8 +169,10 @@ class Database:
 
     @classmethod
     def connect(cls, url: str, schema: str) -> Database:
-        """Creates the engines for a service whose tables live in `schema` (on PostgreSQL)."""
+        """Creates the engines for a service whose tables live in `schema` (on PostgreSQL). A
+        SQLite file is made readable by its owner only (`make_sqlite_file_private`)."""
         if is_sqlite(url):
+            make_sqlite_file_private(url)
             return cls(url, None, create_engine(url, None), create_engine(url, None, writer=False))
         engine = create_engine(url, schema)
         return cls(url, schema, engine, engine)
@@ -182,3 +212,60 @@ class Database:
         await self.writer.dispose()
         if self.reader is not self.writer:
             await self.reader.dispose()
+
+
+DATABASE_WAIT_FIRST_DELAY_SECONDS = 0.5
+DATABASE_WAIT_MAX_DELAY_SECONDS = 10.0
+
+
+async def wait_for_database(
+    url: str,
+    service: str,
+    limit_seconds: float | None = None,
+    first_delay: float = DATABASE_WAIT_FIRST_DELAY_SECONDS,
+    max_delay: float = DATABASE_WAIT_MAX_DELAY_SECONDS,
+) -> None:
+    """Returns once the PostgreSQL server at `url` accepts a connection and answers `SELECT 1`,
+    trying again with backoff (`first_delay` seconds doubling to `max_delay`) and logging why it
+    waits, once per try, with the address but never the password. An embedded SQLite URL returns at
+    once (the file is created on demand). `limit_seconds` (default BOSS_DATABASE_WAIT_SECONDS, or
+    300): raises SystemExit naming the database and the last error once it is spent, so a process
+    that can never reach its database ends with a reason instead of hanging."""
+    if is_sqlite(url):
+        return
+    if limit_seconds is None:
+        limit_seconds = float(os.environ.get("BOSS_DATABASE_WAIT_SECONDS") or 300)
+    shown = make_url(url).render_as_string(hide_password=True)
+    engine = create_async_engine(url, poolclass=NullPool)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_seconds
+    delay = first_delay
+    waited = False
+    try:
+        while True:
+            try:
+                async with engine.connect() as connection:
+                    await connection.execute(text("SELECT 1"))
+            except Exception as error:  # the driver's error says why: refused, unknown database, ...
+                reason = " ".join(str(error).split())[:300]
+                if loop.time() + delay > deadline:
+                    raise SystemExit(
+                        f"{service}: gave up waiting for its database at {shown} after "
+                        f"{limit_seconds:.0f} s: {reason}"
+                    ) from None
+                log.warning(
+                    "%s: waiting for its database at %s (%s); next try in %.1f s",
+                    service,
+                    shown,
+                    reason,
+                    delay,
+                )
+                waited = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, max_delay)
+                continue
+            if waited:
+                log.info("%s: its database at %s answers; starting", service, shown)
+            return
+    finally:
+        await engine.dispose()

@@ -7,12 +7,18 @@ input), and the gateway turns that into `application/problem+json`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
+
+from boss_common.status_details import FieldViolation, PreconditionViolation
+
+# What a caller reads from a status is in boss_common/status_details.py (the worker reads it too);
+# the services import it from here.
+from boss_common.status_details import field_violations_of as field_violations_of
+from boss_common.status_details import precondition_violations_of as precondition_violations_of
+from boss_common.status_details import reason_of as reason_of
 
 ERROR_DOMAIN = "boss.dev"
 
@@ -26,14 +32,6 @@ ALERT_NOT_FOUND = "ALERT_NOT_FOUND"
 COMMAND_NOT_FOUND = "COMMAND_NOT_FOUND"
 TASK_NOT_FOUND = "TASK_NOT_FOUND"
 MESSAGE_NOT_FOUND = "MESSAGE_NOT_FOUND"
-
-
-@dataclass(frozen=True)
-class FieldViolation:
-    """One bad field: `field` is its path (e.g. "snapshots[3].captured_at"), `description` why."""
-
-    field: str
-    description: str
 
 
 class BossError(Exception):
@@ -100,23 +98,19 @@ class Unauthenticated(BossError):
     reason = "UNAUTHENTICATED"
 
 
+class ResourceExhausted(BossError):
+    """Too many attempts or requests; try again later (RESOURCE_EXHAUSTED)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "RESOURCE_EXHAUSTED"
+
+
 class NotFound(BossError):
     """The named resource does not exist (NOT_FOUND). Raise it with the resource's own reason
     (THREAD_NOT_FOUND, PROJECT_NOT_FOUND, ...); plain "NOT_FOUND" is left for anything else."""
 
     code = grpc.StatusCode.NOT_FOUND
     reason = "NOT_FOUND"
-
-
-@dataclass(frozen=True)
-class PreconditionViolation:
-    """One unmet precondition (google.rpc.PreconditionFailure.Violation): `type` its kind (e.g.
-    "THREAD_METADATA"), `subject` what is missing or wrong (e.g. the field "codexThreadRef"),
-    `description` in words how to fix it."""
-
-    type: str
-    subject: str
-    description: str
 
 
 class FailedPrecondition(BossError):
@@ -176,6 +170,20 @@ class AlreadyExists(BossError):
         return status
 
 
+THREAD_BOUND_TO_OTHER_DEVICE = "THREAD_BOUND_TO_OTHER_DEVICE"
+
+
+def thread_bound_to_other_device(thread_id: str) -> PermissionDenied:
+    """The refusal of a report or registration of a thread by a device it does not belong to (a
+    thread belongs to the device that first reported or registered it, or the one its owner moved
+    it to). Names neither that device nor its owner."""
+    return PermissionDenied(
+        f"thread {thread_id!r} belongs to another device: only that device may report or register "
+        "it, unless its owner moves the thread to this one",
+        reason=THREAD_BOUND_TO_OTHER_DEVICE,
+    )
+
+
 def grpc_status_of(error: BossError) -> grpc.Status:
     """The grpc.Status (code, message, details trailer) to abort an RPC with."""
     return rpc_status.to_status(error.to_status())
@@ -184,39 +192,3 @@ def grpc_status_of(error: BossError) -> grpc.Status:
 def ok_status() -> status_pb2.Status:
     """An OK google.rpc.Status."""
     return status_pb2.Status(code=code_pb2.OK)
-
-
-def field_violations_of(status: status_pb2.Status) -> list[FieldViolation]:
-    """The BadRequest field violations inside a google.rpc.Status (empty when none)."""
-    violations: list[FieldViolation] = []
-    for detail in status.details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad_request = error_details_pb2.BadRequest()
-            detail.Unpack(bad_request)
-            violations.extend(FieldViolation(v.field, v.description) for v in bad_request.field_violations)
-    return violations
-
-
-def precondition_violations_of(status: status_pb2.Status) -> list[PreconditionViolation]:
-    """The PreconditionFailure violations inside a google.rpc.Status (empty when none)."""
-    violations: list[PreconditionViolation] = []
-    for detail in status.details:
-        if detail.Is(error_details_pb2.PreconditionFailure.DESCRIPTOR):
-            failure = error_details_pb2.PreconditionFailure()
-            detail.Unpack(failure)
-            violations.extend(
-                PreconditionViolation(v.type, v.subject, v.description) for v in failure.violations
-            )
-    return violations
-
-
-def reason_of(status: status_pb2.Status | None) -> str | None:
-    """The ErrorInfo reason inside a google.rpc.Status (None when there is none)."""
-    if status is None:
-        return None
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return info.reason or None
-    return None

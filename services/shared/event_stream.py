@@ -28,6 +28,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import grpc
 import orjson
@@ -35,9 +36,9 @@ from boss.common.v1 import events_pb2
 from sqlalchemy import Table, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from boss_common.reconnection import Reconnection
 from services.shared.db import Database
 from services.shared.outbox import CursorMove, EventLog, NewEvent, StoredEvent
-from services.shared.reconnection import Reconnection
 from services.shared.sql_types import CarriedWrites
 from services.shared.time import from_timestamp, to_timestamp, utc_now
 
@@ -145,8 +146,19 @@ class EventConsumer:
         self.last_sequence = 0
         self.batches_applied = 0
         self.applied = asyncio.Condition()
+        # False while the consumer waits to retry after a failed or ended stream (metrics).
+        self.following = False
         self._inbox: _Inbox | None = None
+        self._in_flight: list[StoredEvent] = []
         self._reconnection = Reconnection()
+
+    def backlog(self) -> ConsumerBacklog:
+        """What has been received and not yet committed: the batch being applied and the events
+        queued behind it (for metrics; upstream events not yet received are not counted)."""
+        waiting = self._inbox.waiting() if self._inbox is not None else (0, None)
+        pending = len(self._in_flight) + waiting[0]
+        oldest = self._in_flight[0].occurred_at if self._in_flight else waiting[1]
+        return ConsumerBacklog(pending_events=pending, oldest_pending_at=oldest)
 
     def upcoming(self) -> list[StoredEvent]:
         """The events received after the batch being applied and not yet taken (at most
@@ -180,14 +192,18 @@ class EventConsumer:
         back and the rest of the batch applied again. SQLite serialises writers with
         `BEGIN IMMEDIATE`: its cursor is read at the start and written at the end."""
         fresh = [event for event in batch if event.sequence > self.last_sequence]
-        while fresh:
-            try:
-                await self._apply_fresh(fresh)
-                return
-            except _AppliedElsewhere as moved:
-                async with self.applied:
-                    self.last_sequence = max(self.last_sequence, moved.cursor)
-                fresh = [event for event in fresh if event.sequence > moved.cursor]
+        self._in_flight = fresh
+        try:
+            while fresh:
+                try:
+                    await self._apply_fresh(fresh)
+                    return
+                except _AppliedElsewhere as moved:
+                    async with self.applied:
+                        self.last_sequence = max(self.last_sequence, moved.cursor)
+                    fresh = [event for event in fresh if event.sequence > moved.cursor]
+        finally:
+            self._in_flight = []
 
     async def _apply_fresh(self, fresh: list[StoredEvent]) -> None:
         """`apply` for events past the in-memory cursor. Raises _AppliedElsewhere (after rolling
@@ -251,7 +267,8 @@ class EventConsumer:
     async def wait_for(self, sequence: int, timeout: float = 10.0) -> None:
         """Waits until the consumer applied `sequence` (for tests and read-your-writes)."""
         async with self.applied:
-            await asyncio.wait_for(self.applied.wait_for(lambda: self.last_sequence >= sequence), timeout)
+            async with asyncio.timeout(timeout):
+                await self.applied.wait_for(lambda: self.last_sequence >= sequence)
 
     async def run(self) -> None:
         """Follows the upstream forever, reconnecting as `Reconnection` says: at once after a
@@ -260,16 +277,27 @@ class EventConsumer:
         reconnection = self._reconnection
         while True:
             reconnection.attempt_started()
+            self.following = True
             try:
                 await self._follow_once()
             except asyncio.CancelledError:
+                self.following = False
                 raise
             except (grpc.aio.AioRpcError, ConnectionError) as error:
                 reason = error.code() if isinstance(error, grpc.aio.AioRpcError) else error
                 delay = reconnection.ended(log, f"{self.stream_name} stream", reason)
+                if isinstance(error, grpc.aio.AioRpcError) and reason == grpc.StatusCode.FAILED_PRECONDITION:
+                    # e.g. EVENTS_PRUNED: the upstream no longer keeps what follows this cursor.
+                    log.error(
+                        "%s stream refused cursor %d: %s",
+                        self.stream_name,
+                        self.last_sequence,
+                        error.details(),
+                    )
             except Exception:
                 delay = reconnection.next_delay()
                 log.exception("%s consumer failed; retrying in %.1f s", self.stream_name, delay)
+            self.following = False
             await asyncio.sleep(delay)
 
     async def _settle(self, inbox: _Inbox, batch: list[StoredEvent]) -> BaseException | None:
@@ -317,6 +345,15 @@ class EventConsumer:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
+
+
+@dataclass(frozen=True)
+class ConsumerBacklog:
+    """A consumer's received, uncommitted events: how many, and the `occurred_at` (UTC) of the
+    oldest (None when there are none)."""
+
+    pending_events: int
+    oldest_pending_at: datetime | None
 
 
 class _AppliedElsewhere(Exception):
@@ -375,6 +412,16 @@ class _Inbox:
             batch.extend(self.carry[:room])
             self.carry = self.carry[room:]
         return None
+
+    def waiting(self) -> tuple[int, datetime | None]:
+        """How many events wait (carried and queued), and the oldest one's `occurred_at`."""
+        count, oldest = len(self.carry), self.carry[0].occurred_at if self.carry else None
+        for item in self.runs:
+            if isinstance(item, BaseException) or not item:
+                continue
+            count += len(item)
+            oldest = oldest or item[0].occurred_at
+        return count, oldest
 
     def peek(self, limit: int) -> list[StoredEvent]:
         """The first `limit` waiting events (at most; up to a queued failure), without taking them:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -22,7 +24,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from services.shared.auth import TokenAuthority
 from services.shared.errors import BossError, grpc_status_of
+from services.shared.grpc_requests import UndecodableRequestInterceptor
+from services.shared.metrics import MetricsEndpoint, OpenStreamsInterceptor, metrics_listen_address
 from services.shared.runtime import tune_garbage_collection
 
 log = logging.getLogger(__name__)
@@ -32,7 +37,11 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 # Keepalive and connection management, from gRPC's keepalive guide. Connections are recycled every
 # 5 minutes (plus 30 s grace) so that clients spread over new replicas behind a Kubernetes Service.
+# No SO_REUSEPORT (gRPC sets it by default): a second process started on an address in use would
+# start silently and take a share of the connections, with the callers' bearer tokens; without it
+# the second bind fails (CannotListen).
 SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.so_reuseport", 0),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
@@ -44,6 +53,33 @@ SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+class CannotListen(RuntimeError):
+    """A server could not bind its address; the message says which and why (`bind_problem`)."""
+
+
+def bind_problem(listen: str) -> str:
+    """Why `listen` ("host:port", "[v6]:port") cannot be bound, in plain words, found by binding a
+    probe socket the way gRPC does: "port in use" when another process listens there."""
+    host, _, port = listen.rpartition(":")
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host.removeprefix("[").removesuffix("]") or None,
+            port,
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE,
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except socket.gaierror as error:
+        return f"its host cannot be resolved ({error.strerror})"
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            return "port in use: another process listens there (another instance of this service?)"
+        return error.strerror or str(error)
+    return "gRPC refused it (GRPC_VERBOSITY=debug says why)"
 
 
 def translate_errors(method: F) -> F:
@@ -86,7 +122,8 @@ async def watch_readiness(
     ready = True
     while True:
         try:
-            await asyncio.wait_for(check(), timeout=interval)
+            async with asyncio.timeout(interval):
+                await check()
             healthy = True
         except asyncio.CancelledError:
             raise
@@ -118,12 +155,16 @@ class ServiceHost:
         register: adds the service's servicers to the server.
         service_names: fully qualified gRPC service names (for health and reflection).
         background: coroutine factories started after the server (notifier, consumers...).
+        on_start: awaited before the server takes its first call (e.g. loading the revoked devices,
+            so no call of a revoked device is served after a restart).
         on_draining: called (synchronously) as soon as shutdown begins, before the server stops
             taking calls and waits for the open ones: e.g. `EventLog.end_followers`, so event
             streams end at once instead of holding the shutdown for its whole grace period.
         on_stop: awaited after the server stopped (close databases, flush).
         readiness_check: raises when the service cannot do its work (e.g. its database is
             unreachable); polled every READINESS_INTERVAL_SECONDS by `run()`, see `watch_readiness`.
+        authority: verifies the token of a call whose request cannot be decoded before it is
+            refused as bad input (services/shared/grpc_requests.py); None: refused as bad input.
     """
 
     name: str
@@ -131,13 +172,21 @@ class ServiceHost:
     register: Callable[[grpc.aio.Server], None]
     service_names: Iterable[str]
     background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    on_start: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     on_draining: list[Callable[[], None]] = field(default_factory=list)
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     readiness_check: Callable[[], Awaitable[None]] | None = None
+    authority: TokenAuthority | None = None
 
     async def start(self) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
-        """Builds and starts the server; returns it, its health servicer and the bound port."""
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        """Runs `on_start`, builds and starts the server; returns it, its health servicer and the
+        bound port. Raises CannotListen when the address cannot be bound (e.g. in use)."""
+        for prepare in self.on_start:
+            await prepare()
+        server = grpc.aio.server(
+            options=SERVER_OPTIONS,
+            interceptors=[UndecodableRequestInterceptor(self.authority), OpenStreamsInterceptor()],
+        )
         self.register(server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -146,9 +195,12 @@ class ServiceHost:
             (*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server,
         )
-        port = server.add_insecure_port(self.listen)
-        if port == 0:
-            raise RuntimeError(f"{self.name}: cannot bind {self.listen}")
+        try:
+            port = server.add_insecure_port(self.listen)
+        except RuntimeError as error:
+            raise CannotListen(
+                f"{self.name} cannot listen on {self.listen}: {bind_problem(self.listen)}"
+            ) from error
         await server.start()
         for service_name in ("", *names):
             await health.set(service_name, health_pb2.HealthCheckResponse.SERVING)
@@ -157,13 +209,24 @@ class ServiceHost:
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Serves until SIGTERM/SIGINT (or `stop` is set), then shuts down gracefully. Tunes the
-        process's garbage collector once the server has started (services/shared/runtime.py)."""
+        process's garbage collector once the server has started (services/shared/runtime.py).
+        Serves Prometheus metrics on BOSS_<NAME>_METRICS_LISTEN when set (services/shared/metrics.py).
+        Exits the process (SystemExit with CannotListen's message) when the address cannot be bound."""
         stop = stop or asyncio.Event()
+        listen = metrics_listen_address(self.name)
+        endpoint = MetricsEndpoint(listen) if listen else None
+        if endpoint is not None:
+            endpoint.start()
         loop = asyncio.get_running_loop()
         for signal_number in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal_number, stop.set)
-        server, health, _port = await self.start()
+        try:
+            server, health, _port = await self.start()
+        except CannotListen as error:
+            if endpoint is not None:
+                await endpoint.stop()
+            raise SystemExit(str(error)) from None
         tune_garbage_collection()
         tasks = [asyncio.ensure_future(factory()) for factory in self.background]
         if self.readiness_check is not None:
@@ -189,4 +252,6 @@ class ServiceHost:
                     await task
             for cleanup in self.on_stop:
                 await cleanup()
+            if endpoint is not None:
+                await endpoint.stop()
             log.info("%s stopped", self.name)

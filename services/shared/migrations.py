@@ -16,6 +16,7 @@ from alembic.config import Config
 from sqlalchemy import MetaData, create_engine, text
 from sqlalchemy.engine import make_url
 
+from services.shared.db import is_sqlite, make_sqlite_file_private
 from services.shared.sql_types import UtcDateTime
 
 OUTBOX_TABLES = ("event_cursors", "outbox_sequencer", "outbox_events")
@@ -33,8 +34,10 @@ def upgrade_database(url: str, schema: str, migrations_dir: Path, revision: str 
     """Applies a service's migrations up to `revision`. Blocking: run it in a thread from async code.
 
     Raises alembic / SQLAlchemy errors unchanged when a migration fails (nothing is half-applied on
-    PostgreSQL, whose DDL is transactional).
+    PostgreSQL, whose DDL is transactional). A SQLite file it creates is its owner's only (0600).
     """
+    if is_sqlite(url):
+        make_sqlite_file_private(url)
     config = Config()
     config.set_main_option("script_location", str(migrations_dir))
     config.attributes["url"] = sync_url(url)

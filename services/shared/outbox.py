@@ -33,7 +33,6 @@ them) empties it, so followers fall back to reading the table and never skip any
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import logging
@@ -58,7 +57,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from boss_common.waiting import wait_until_set
 from services.shared.db import Database
+from services.shared.errors import FailedPrecondition, FieldViolation, InvalidArgument
+from services.shared.retention import ConsumerPositions, check_retained
 from services.shared.sql_types import CarriedWrites, UtcDateTime, driver_connection, run_driver_sql
 from services.shared.time import utc_now
 
@@ -70,6 +72,9 @@ SEQUENCER_POLL_SECONDS = 0.1
 COPY_THRESHOLD = 64
 # Most events one `follow_batches` run (and so one WatchEvents response) carries.
 FOLLOW_BATCH_LIMIT = 500
+MAX_SEQUENCE = 2**63 - 1
+"""The largest sequence a reader may resume after: sequences are stored as signed 64-bit integers,
+so a larger `after_sequence` (the wire's uint64 allows it) is bad input (`EventLog.admit`)."""
 # Most committed events the in-memory window of recent events keeps (module docstring).
 RECENT_EVENTS_LIMIT = 4 * FOLLOW_BATCH_LIMIT
 _EVENT_COLUMNS = (
@@ -239,10 +244,38 @@ class EventLog:
         self._database = database
         self._events = metadata.tables["outbox_events"]
         self._sequencer = metadata.tables["outbox_sequencer"]
+        consumers = metadata.tables.get("event_consumers")
+        self.consumer_positions = ConsumerPositions(database, consumers) if consumers is not None else None
         self._changed = asyncio.Event()
         self._recent: deque[StoredEvent] = deque(maxlen=RECENT_EVENTS_LIMIT)
         self._followers_ended = False
         self.last_sequence = 0
+
+    @property
+    def events_table(self) -> Table:
+        """The `outbox_events` table."""
+        return self._events
+
+    async def admit(self, after_sequence: int, consumer: str = "", types: Sequence[str] = ()) -> None:
+        """Lets a reader in at `after_sequence` (a `WatchEvents` or `ListEvents` call): raises
+        FailedPrecondition, reason EVENTS_PRUNED, when events right after it were pruned (one
+        index lookup), and records a named durable consumer's committed position and the `types`
+        it follows (one small write) so that retention never prunes what it has not taken
+        (services/shared/retention.py). Raises InvalidArgument naming after_sequence above
+        MAX_SEQUENCE first, which no database could compare."""
+        if after_sequence > MAX_SEQUENCE:
+            raise InvalidArgument([FieldViolation("after_sequence", "must be at most 2^63-1")])
+        positions = self.consumer_positions
+        try:
+            await check_retained(self._database, self._events, after_sequence)
+        except FailedPrecondition:
+            # A consumer of some types may resume behind pruned events that were all of other types.
+            if not (
+                consumer and positions is not None and await positions.covers(consumer, after_sequence, types)
+            ):
+                raise
+        if consumer and positions is not None:
+            await positions.record(consumer, after_sequence, event_types=types)
 
     def end_followers(self) -> None:
         """Ends every `follow_batches` of this process (now and later): each returns after what it
@@ -542,9 +575,7 @@ class EventLog:
         if self.last_sequence > sequence:
             return True
         changed = self._changed if marker is None else marker
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), timeout)
-        return changed.is_set() or self.last_sequence > sequence
+        return await wait_until_set(changed, timeout) or self.last_sequence > sequence
 
     async def follow_batches(
         self,

@@ -1,15 +1,17 @@
-"""Column types shared by every service's tables, and the driver-SQL helpers of the hot paths."""
+"""Column types shared by every service's tables, the upsert both backends run, and the driver-SQL
+helpers of the hot paths."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from psycopg.pq import ExecStatus
-from sqlalchemy import DateTime, Table
+from sqlalchemy import DateTime, Insert, Table
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -43,6 +45,18 @@ class UtcDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
+
+
+def upsert(dialect: str, table: Table, columns: Iterable[str], keys: Sequence[str]) -> Insert:
+    """INSERT ... ON CONFLICT (keys) DO UPDATE on SQLite or PostgreSQL (`dialect`, the dialect's
+    name): the row is inserted, or the stored row with its keys gets the row's other `columns`. One
+    statement, so two writers of a key not stored yet never both insert (the second waits for the
+    first and updates). The rows are passed when it runs, one or many (executemany)."""
+    insert = (postgresql if dialect == "postgresql" else sqlite).insert(table)
+    return insert.on_conflict_do_update(
+        index_elements=list(keys),
+        set_={name: insert.excluded[name] for name in columns if name not in keys},
+    )
 
 
 async def fetch_driver_rows(

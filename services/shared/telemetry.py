@@ -1,5 +1,6 @@
-"""OpenTelemetry set-up: traces through gRPC, HTTP and SQL, and metrics (ingest rate and batch
-sizes, SSE clients), exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set. Trace context also
+"""OpenTelemetry set-up: traces through gRPC, HTTP and SQL, exported over OTLP when
+OTEL_EXPORTER_OTLP_ENDPOINT is set, and the metrics provider (services/shared/metrics.py: served to
+Prometheus at /metrics, and also exported over OTLP when the endpoint is set). Trace context also
 travels inside event envelopes (outbox.py).
 
 Without an endpoint nothing is exported, so the instrumentations (a gRPC interceptor around every
@@ -12,10 +13,12 @@ from __future__ import annotations
 import logging
 import os
 
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from services.shared.metrics import configure_metrics, meter
 
 log = logging.getLogger(__name__)
 _configured = False
@@ -40,13 +43,7 @@ def configure_telemetry(service_name: str) -> None:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         log.info("exporting traces to %s", os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"])
     trace.set_tracer_provider(provider)
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-
-        reader = PeriodicExportingMetricReader(OTLPMetricExporter())
-        metrics.set_meter_provider(MeterProvider(resource=provider.resource, metric_readers=[reader]))
+    configure_metrics(provider.resource)
     if not tracing_enabled():
         return
     from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, GrpcAioInstrumentorServer
@@ -64,4 +61,4 @@ def instrument_engine(engine: object) -> None:
     SQLAlchemyInstrumentor().instrument(engine=engine.sync_engine)  # type: ignore[attr-defined]
 
 
-meter = metrics.get_meter("boss")
+__all__ = ["configure_telemetry", "instrument_engine", "meter", "tracing_enabled"]

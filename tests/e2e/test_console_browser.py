@@ -1,7 +1,9 @@
 """The web console in a real headless browser (Debian's chromium driven by Playwright): with
 context_budget, conversations and the gateway running as processes, a worker's report moves the
 thread's ring on the home list, in the project detail and on the thread page without a reload, and
-the three show the same percent and level (CB-16, CB-19); the thread page marks each wrap-up
+the three show the same percent and level (CB-16, CB-19); at phone size, a thread Codex has just
+compacted reads "compacted" on the home list, not the 100 % nobody measured, until its next real
+reading, live and after a reload; the thread page marks each wrap-up
 checklist item as done, missing or to do so a person sees what is missing, and shows the handoff
 reason's time as local time with the ISO value on hover; an owner with no conversation gets an empty
 state telling how to start a worker.
@@ -38,6 +40,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 SECRET = "browser-test-secret-0123456789abcdef0123"
+PHONE = {"width": 390, "height": 844}
 
 pytestmark = [
     pytest.mark.browser,
@@ -109,9 +112,9 @@ def services(tmp_path: Path) -> Iterator[str]:
                 process.kill()
 
 
-def report(base_url: str, worker_token: str, pct: float, level: str) -> None:
-    """A worker's report through the gateway's REST ingest (CB-10)."""
-    body = {
+def report(base_url: str, worker_token: str, pct: float, level: str, **extra: object) -> None:
+    """A worker's report through the gateway's REST ingest (CB-10); `extra` fields are added."""
+    body: dict[str, object] = {
         "node_id": "node-e2e",
         "worker_id": "worker-e2e",
         "thread_id": "thread-e2e",
@@ -121,6 +124,7 @@ def report(base_url: str, worker_token: str, pct: float, level: str) -> None:
         "must_finish_before_compaction": False,
         "compaction_count": 0,
         "captured_at": datetime.now(UTC).isoformat(),
+        **extra,
     }
     response = httpx.post(
         f"{base_url}/api/v1/workers/worker-e2e/thread-context",
@@ -185,12 +189,83 @@ def test_ring_moves_live_and_agrees_everywhere(services: str) -> None:
             expect(items.first.locator(".label")).to_have_css("text-decoration-line", "none")
             report(services, worker_token, 18.0, "critical")
             expect(page.locator("#budget-percent")).to_have_text("18% (critical)", timeout=10_000)
+            # Codex compacted before its next response: the page says so, not a stale critical.
+            report(
+                services,
+                worker_token,
+                100.0,
+                "safe",
+                compaction_count=1,
+                last_compaction_at=datetime.now(UTC).isoformat(),
+                awaiting_reading_after_compaction=True,
+                compaction_limit_source="configured",
+            )
+            expect(page.locator("#budget-percent")).to_have_text(
+                "compacted, waiting for the first reading", timeout=10_000
+            )
+            expect(page.locator("h1 .ring .percent")).to_have_text("compacted")
+            expect(page.locator("#budget-limit")).to_have_text("set in Codex's config.toml")
+            report(
+                services, worker_token, 86.3, "safe", compaction_count=1, compaction_limit_source="assumed"
+            )
+            expect(page.locator("#budget-percent")).to_have_text("86% (safe)", timeout=10_000)
+            expect(page.locator("h1 .ring .percent")).to_have_text("86%")
+            expect(page.locator("#budget-limit")).to_have_text(
+                "assumed: Codex's settings for it could not be read"
+            )
             # The thread page leads to the thread's conversation, where its chat is.
             page.locator("#thread-conversations a").first.click()
             expect(page).to_have_url(re.compile(r"#/projects/proj-"), timeout=5_000)
             expect(page.locator("#threads .ring[data-thread-id='thread-e2e']")).to_have_attribute(
-                "data-percent", "18", timeout=10_000
+                "data-percent", "86", timeout=10_000
             )
+            assert errors == []
+        finally:
+            browser.close()
+
+
+def test_home_ring_reads_compacted_until_the_next_reading_at_phone_size(services: str) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    authority = TokenAuthority(SECRET)
+    worker_token = authority.issue_worker("worker-e2e", "node-e2e")
+    report(services, worker_token, 12.0, "critical")
+    report(services, worker_token, 55.0, "watch", thread_id="thread-e2e-other")  # the group form shows
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(f"{services}/console/?token={authority.issue_client('local')}")
+            ring = page.locator("#conversations .ring[data-thread-id='thread-e2e']")
+            label = ring.locator(".percent")
+            expect(label).to_have_text("12%", timeout=15_000)
+            expect(page.locator("#live")).to_have_attribute("data-state", "live", timeout=10_000)
+
+            # Codex compacted the thread before its next response: the ring has nothing measured.
+            compacted = {"compaction_count": 1, "last_compaction_at": datetime.now(UTC).isoformat()}
+            report(services, worker_token, 100.0, "safe", awaiting_reading_after_compaction=True, **compacted)
+            expect(label).to_have_text("compacted", timeout=10_000)
+            expect(ring).to_have_attribute("data-awaiting", "true")
+            expect(ring).to_have_attribute("title", "compacted, waiting for the first reading")
+            assert "100%" not in page.locator("#conversations").inner_text()
+            page.reload()  # the same from the home list's REST answer
+            expect(label).to_have_text("compacted", timeout=15_000)
+            assert "100%" not in page.locator("#conversations").inner_text()
+            # The "New group" form's choice says it in words, as the thread page does.
+            choice = page.locator(".group-choices li[data-thread-id='thread-e2e']")
+            expect(choice).to_contain_text("compacted, waiting for the first reading")
+            expect(choice).not_to_contain_text("100%")
+            assert ring.bounding_box()["x"] + ring.bounding_box()["width"] <= PHONE["width"]  # type: ignore[index]
+
+            expect(page.locator("#live")).to_have_attribute("data-state", "live", timeout=10_000)
+            report(services, worker_token, 86.3, "safe", compaction_count=1)
+            expect(label).to_have_text("86%", timeout=10_000)
+            expect(ring).to_have_attribute("data-awaiting", "false")
+            expect(ring).to_have_attribute("data-percent", "86")
             assert errors == []
         finally:
             browser.close()

@@ -15,6 +15,7 @@ Skipped, with the reason, only when /usr/bin/chromium is missing (`apt-get insta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -112,11 +113,44 @@ def chat_ready_thread(gateway: str, token: str) -> dict[str, Any] | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """`python -m services.local_stack --demo` on free loopback ports and a fresh data folder (the
-    stack `make run` starts), until one demo thread is ready for chat."""
-    root = tmp_path_factory.mktemp("chat-stack")
+@dataclass
+class LocalStack:
+    """`python -m services.local_stack --demo` running as a process: its gateway's URL, its data
+    folder (the client token is its `var/client-token`) and the process."""
+
+    gateway: str
+    root: Path
+    process: subprocess.Popen[bytes]
+
+    def token(self) -> str:
+        """The client token the stack wrote, "" until it has."""
+        token_file = self.root / "var" / "client-token"
+        return token_file.read_text().strip() if token_file.exists() else ""
+
+    def failure(self, reason: str) -> str:
+        """`reason` with the tails of the stack's output and of every service's log."""
+        logs = [(self.root / "local-stack.out").read_text(errors="replace")[-3000:]]
+        logs += [
+            f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}"
+            for log in self.root.glob("var/logs/*.log")
+        ]
+        return reason + "\n" + "\n".join(logs)
+
+    def check_running(self, deadline: float, waiting_for: str) -> None:
+        """Fails the test when the stack has exited or `deadline` (time.monotonic()) has passed."""
+        if self.process.poll() is not None:
+            pytest.fail(self.failure("the local stack exited during start-up"), pytrace=False)
+        if time.monotonic() > deadline:
+            pytest.fail(self.failure(f"{waiting_for} in time"), pytrace=False)
+
+
+@contextlib.contextmanager
+def local_stack(
+    root: Path, arguments: list[str], environment_extra: dict[str, str] | None = None
+) -> Iterator[LocalStack]:
+    """The stack `make run` starts in demo mode, on free loopback ports and a fresh data folder under
+    `root`, with `arguments` for services.local_stack and `environment_extra` on top of its
+    environment (every other BOSS_ variable and CODEX_HOME removed); stopped with SIGINT after."""
     environment = {
         key: value for key, value in os.environ.items() if not key.startswith("BOSS_") and key != "CODEX_HOME"
     }
@@ -125,55 +159,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "BOSS_DATA_DIR": str(root / "var"),
             "HOME": str(root),
             "BOSS_LOG_LEVEL": "WARNING",
-            # A stalled turn ends after this many silent seconds instead of the default five minutes.
-            "BOSS_WORKER_TASK_STALL_TIMEOUT": str(STALL_TIMEOUT_SECONDS),
+            **(environment_extra or {}),
         }
     )
     for service in SERVICES:
         address = f"127.0.0.1:{free_port()}"
         environment[f"BOSS_{service}_LISTEN"] = environment[f"BOSS_{service}_ADDRESS"] = address
-    gateway = f"http://{environment['BOSS_GATEWAY_ADDRESS']}"
     output = (root / "local-stack.out").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.local_stack", "--demo", "--refresh", "30"],
+        [sys.executable, "-m", "services.local_stack", "--demo", *arguments],
         cwd=REPOSITORY_ROOT,
         env=environment,
         stdout=output,
         stderr=subprocess.STDOUT,
     )
-
-    def failure(reason: str) -> str:
-        logs = [(root / "local-stack.out").read_text(errors="replace")[-3000:]]
-        logs += [
-            f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}"
-            for log in root.glob("var/logs/*.log")
-        ]
-        return reason + "\n" + "\n".join(logs)
-
     try:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        token_file = root / "var" / "client-token"
-        ready = None
-        while ready is None:
-            if process.poll() is not None:
-                pytest.fail(failure("the local stack exited during start-up"), pytrace=False)
-            if time.monotonic() > deadline:
-                pytest.fail(failure("no demo thread was ready for chat in time"), pytrace=False)
-            if token_file.exists() and token_file.read_text().strip():
-                try:
-                    ready = chat_ready_thread(gateway, token_file.read_text().strip())
-                except (httpx.HTTPError, KeyError):
-                    ready = None
-            time.sleep(0.5)
-        thread = ready["thread"]
-        yield Stack(
-            gateway=gateway,
-            token=token_file.read_text().strip(),
-            project_id=ready["row"]["project_id"],
-            thread_id=thread["thread_id"],
-            thread_title=thread["title"],
-            node_id=thread["node_id"],
-        )
+        yield LocalStack(f"http://{environment['BOSS_GATEWAY_ADDRESS']}", root, process)
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -184,17 +185,47 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         output.close()
 
 
-@pytest.fixture
-def phone(stack: Stack) -> Iterator[Any]:
-    """A page at 390x844 (touch, mobile) that records the chat's task states; fails the test on any
-    uncaught error of the page's scripts."""
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`python -m services.local_stack --demo` on free loopback ports and a fresh data folder (the
+    stack `make run` starts), until one demo thread is ready for chat."""
+    root = tmp_path_factory.mktemp("chat-stack")
+    # A stalled turn ends after this many silent seconds instead of the default five minutes.
+    stall = {"BOSS_WORKER_TASK_STALL_TIMEOUT": str(STALL_TIMEOUT_SECONDS)}
+    with local_stack(root, ["--refresh", "30"], stall) as running:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        ready = None
+        while ready is None:
+            running.check_running(deadline, "no demo thread was ready for chat")
+            if running.token():
+                try:
+                    ready = chat_ready_thread(running.gateway, running.token())
+                except (httpx.HTTPError, KeyError):
+                    ready = None
+            time.sleep(0.5)
+        thread = ready["thread"]
+        yield Stack(
+            gateway=running.gateway,
+            token=running.token(),
+            project_id=ready["row"]["project_id"],
+            thread_id=thread["thread_id"],
+            thread_title=thread["title"],
+            node_id=thread["node_id"],
+        )
+
+
+@contextlib.contextmanager
+def phone_page(init_scripts: list[str]) -> Iterator[Any]:
+    """A page of Chromium at 390x844 (touch, mobile) running `init_scripts` in every document; fails
+    the test on any uncaught error of the page's scripts."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             context = browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)
-            context.add_init_script(RECORD_STATES)
+            for script in init_scripts:
+                context.add_init_script(script)
             page = context.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
@@ -202,6 +233,13 @@ def phone(stack: Stack) -> Iterator[Any]:
             assert errors == []
         finally:
             browser.close()
+
+
+@pytest.fixture
+def phone(stack: Stack) -> Iterator[Any]:
+    """A phone-sized page that records the chat's task states."""
+    with phone_page([RECORD_STATES]) as page:
+        yield page
 
 
 def open_chat(page: Any, stack: Stack) -> None:

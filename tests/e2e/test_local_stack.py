@@ -9,6 +9,7 @@ running stack; needs the real Codex CLI (`make codex`)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -169,6 +170,9 @@ def test_demo_threads_are_real_codex_threads_with_budgets_and_answer_a_chat(stac
         "(not a real model)"
     ) in printed
     assert "Demo mode (no Codex sessions" in printed
+    assert (
+        "Master agent: the built-in demo model (not a real model) answers from Boss's real state" in printed
+    )
     threads = demo_threads(stack)
     assert sorted(threads) == sorted(EXPECTED_LEVELS)
     codex_home = stack.data / "demo-codex-home"
@@ -185,10 +189,24 @@ def test_demo_threads_are_real_codex_threads_with_budgets_and_answer_a_chat(stac
     with httpx.Client(
         base_url=stack.gateway, headers={"Authorization": f"Bearer {stack.token()}"}, timeout=10
     ) as client:
+        percents: dict[str, int] = {}
         for name, level in EXPECTED_LEVELS.items():
             budget = client.get(f"/api/v1/threads/{threads[name].session_id}/context-budget")
             assert budget.status_code == 200, budget.text
             assert budget.json()["context_budget_level"] == level, (name, budget.json())
+            percents[name] = math.floor(budget.json()["context_budget_remaining_pct"])
+
+        # The master agent, answered by the demo model from Boss's real state: the true answer.
+        asked = client.post(
+            "/api/v1/projects/master-agent/messages",
+            json={"text": "Which thread is close to compaction?", "client_message_id": "e2e-master-1"},
+        )
+        assert asked.status_code == 201, asked.text
+        critical = threads["firmware-flasher"]
+        assert (
+            f'The thread closest to compaction is "firmware-flasher" ({critical.session_id}) with '
+            f"{percents['firmware-flasher']} % of its context budget left (critical)"
+        ) in asked.json()["masterReply"], asked.json()
 
         # A chat message to a demo thread, answered by real Codex through the demo model.
         thread = threads["billing-api"]

@@ -143,3 +143,18 @@ def is_compaction_estimate(last_usage: TokenUsage) -> bool:
         last_usage.reasoning_output_tokens,
     )
     return all(value == 0 for value in components) and last_usage.total_tokens != 0
+
+
+def is_empty_usage(usage: TokenUsage) -> bool:
+    """True when a usage has every count zero, ``total_tokens`` included: nothing was measured.
+
+    Codex writes such a ``last_token_usage`` when a response reported no usage at all; taken as a
+    reading it would claim an empty context ("100 % left"), so it is never one.
+    """
+    return (
+        usage.total_tokens == 0
+        and usage.input_tokens == 0
+        and usage.cached_input_tokens == 0
+        and usage.output_tokens == 0
+        and usage.reasoning_output_tokens == 0
+    )

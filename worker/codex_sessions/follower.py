@@ -6,13 +6,18 @@ every followed file first and reads only files that grew, so polling every secon
 hundreds of files. Codex flushes after every line (codex-rs/rollout/src/recorder.rs:1741-1760), but a
 poll can still land mid-line: a last line without its newline is kept until it is completed.
 
-Not followed (documented limits):
+Where rollouts are found:
 
+- ``$CODEX_HOME/sessions/**/rollout-*.jsonl`` (followed as they grow) and
+  ``$CODEX_HOME/archived_sessions/**`` (archived threads; codex-rs/rollout/src/lib.rs:21-22);
 - ``rollout-*.jsonl.zst``: Codex >= 0.137 zstd-compresses rollouts idle for 7 days
-  (``codex-rs/rollout/src/compression.rs``, research/codex-context.md §3.5). An idle thread is not
-  compacting, and reading zstd would need a new dependency, so these are skipped with an info log.
-  A file that disappears because Codex compressed it is simply forgotten.
-- ``$CODEX_HOME/archived_sessions``: archived threads are not running.
+  (``codex-rs/rollout/src/compression.rs``, research/codex-context.md §3.5). A compressed file does
+  not grow: it is read once, whole (streamed through the decompressor, so memory stays bounded),
+  and read again only if it is replaced. When both ``X.jsonl`` and ``X.jsonl.zst`` exist the plain
+  file is followed, as Codex itself prefers it.
+
+Codex's configuration (``config.toml``, ``models_cache.json``) is re-read when it changes and handed
+to every thread's tracker before its new lines are fed (:mod:`worker.codex_sessions.codex_config`).
 """
 
 import logging
@@ -22,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from time import monotonic
 
+import zstandard
+
+from worker.codex_sessions.codex_config import CodexConfigurationReader, LimitSource
 from worker.codex_sessions.rollout import RolloutParseError, parse_rollout_line, thread_id_from_rollout_name
 from worker.codex_sessions.tracker import (
     LastActivity,
@@ -35,6 +43,9 @@ logger = logging.getLogger(__name__)
 SESSIONS_SUBDIR = "sessions"
 """Rollouts live under ``$CODEX_HOME/sessions/YYYY/MM/DD/`` (codex-rs/rollout/src/lib.rs:21-22)."""
 
+ARCHIVED_SESSIONS_SUBDIR = "archived_sessions"
+"""Archived rollouts live under ``$CODEX_HOME/archived_sessions/`` (codex-rs/rollout/src/lib.rs:21-22)."""
+
 ROLLOUT_PREFIX = "rollout-"
 ROLLOUT_SUFFIX = ".jsonl"
 COMPRESSED_SUFFIX = ".jsonl.zst"
@@ -44,6 +55,9 @@ MAX_BYTES_PER_POLL = 8 * 1024 * 1024
 
 MALFORMED_WARNINGS_PER_FILE = 5
 """Malformed lines logged at WARNING per file; further ones are logged at DEBUG."""
+
+ZSTD_READ_CHUNK_BYTES = 1024 * 1024
+"""Decompressed bytes taken from a ``.jsonl.zst`` stream at a time."""
 
 
 @dataclass(frozen=True)
@@ -78,34 +92,39 @@ class _FileState:
     pending: bytes = b""
     lines_read: int = 0
     malformed_lines: int = 0
+    limit_said: tuple[LimitSource, str] | None = None
 
 
-def _scan_sessions(codex_home: Path) -> tuple[list[Path], list[Path]]:
-    """Plain and compressed rollout files under ``codex_home/sessions``, each sorted by path."""
-    root = codex_home / SESSIONS_SUBDIR
-    plain: list[Path] = []
-    compressed: list[Path] = []
-    for directory, _subdirectories, files in os.walk(root):
-        for name in files:
-            if not name.startswith(ROLLOUT_PREFIX):
-                continue
-            if name.endswith(ROLLOUT_SUFFIX):
-                plain.append(Path(directory, name))
-            elif name.endswith(COMPRESSED_SUFFIX):
-                compressed.append(Path(directory, name))
-    return sorted(plain), sorted(compressed)
+def _scan_sessions(codex_home: Path) -> list[Path]:
+    """Rollout files under ``codex_home/sessions`` and ``codex_home/archived_sessions``, sorted by path.
+
+    ``X.jsonl.zst`` is left out when ``X.jsonl`` exists too (the plain file is the one Codex reads).
+    """
+    found: list[Path] = []
+    for subdirectory in (SESSIONS_SUBDIR, ARCHIVED_SESSIONS_SUBDIR):
+        for directory, _subdirectories, files in os.walk(codex_home / subdirectory):
+            names = set(files)
+            for name in files:
+                if not name.startswith(ROLLOUT_PREFIX):
+                    continue
+                if name.endswith(ROLLOUT_SUFFIX) or (
+                    name.endswith(COMPRESSED_SUFFIX) and name.removesuffix(".zst") not in names
+                ):
+                    found.append(Path(directory, name))
+    return sorted(found)
+
+
+def is_compressed(path: Path) -> bool:
+    """True for a zstd-compressed rollout (``rollout-*.jsonl.zst``)."""
+    return path.name.endswith(COMPRESSED_SUFFIX)
 
 
 def discover_rollout_files(codex_home: Path) -> list[Path]:
-    """Every ``sessions/**/rollout-*.jsonl`` under ``codex_home``, sorted by path.
+    """Every rollout under ``codex_home`` (plain or compressed, live or archived), sorted by path.
 
-    Compressed ``rollout-*.jsonl.zst`` files are skipped (see the module docstring); a missing
-    ``sessions`` folder gives an empty list.
+    Missing ``sessions`` / ``archived_sessions`` folders give an empty list.
     """
-    plain, compressed = _scan_sessions(codex_home)
-    if compressed:
-        logger.debug("skipped %d compressed rollout file(s) under %s", len(compressed), codex_home)
-    return plain
+    return _scan_sessions(codex_home)
 
 
 class RolloutFollower:
@@ -127,12 +146,12 @@ class RolloutFollower:
             clock: monotonic seconds, injectable for tests.
         """
         self._codex_home = codex_home
+        self._configuration = CodexConfigurationReader(codex_home)
         self._settings = settings
         self._rediscover_interval_s = rediscover_interval_s
         self._clock = clock
         self._next_discovery_at: float | None = None
         self._files: dict[Path, _FileState] = {}
-        self._compressed_seen: set[Path] = set()
 
     @property
     def followed_files(self) -> list[Path]:
@@ -146,16 +165,7 @@ class RolloutFollower:
 
     def discover(self) -> list[Path]:
         """Scan for rollout files now; start following new ones. Returns the newly followed files."""
-        plain, compressed = _scan_sessions(self._codex_home)
-        new_compressed = [path for path in compressed if path not in self._compressed_seen]
-        if new_compressed:
-            logger.info(
-                "not following %d compressed rollout file(s) (.jsonl.zst, idle for 7+ days) under %s",
-                len(new_compressed),
-                self._codex_home,
-            )
-            self._compressed_seen.update(new_compressed)
-        added = [path for path in plain if path not in self._files]
+        added = [path for path in _scan_sessions(self._codex_home) if path not in self._files]
         for path in added:
             self.follow(path)
         return added
@@ -180,6 +190,9 @@ class RolloutFollower:
         if self._next_discovery_at is None or now >= self._next_discovery_at:
             self.discover()
             self._next_discovery_at = now + self._rediscover_interval_s
+        configuration = self._configuration.current()
+        for state in self._files.values():
+            state.tracker.use_configuration(configuration)
         updates = []
         for path in list(self._files):
             update = self._poll_file(path)
@@ -189,7 +202,9 @@ class RolloutFollower:
 
     def _fresh_state(self, path: Path, inode: int) -> _FileState:
         """Follow state for reading ``path`` from the start."""
-        tracker = ThreadBudgetTracker(thread_id_from_rollout_name(path.name), self._settings)
+        tracker = ThreadBudgetTracker(
+            thread_id_from_rollout_name(path.name), self._settings, self._configuration.current()
+        )
         return _FileState(tracker=tracker, inode=inode)
 
     def _poll_file(self, path: Path) -> FileUpdate | None:
@@ -210,6 +225,8 @@ class RolloutFollower:
         if status.st_size == state.offset and not restarted:
             return None
         try:
+            if is_compressed(path):
+                return self._read_compressed(path, state, status.st_size, restarted)
             lines = self._read_complete_lines(path, state, status.st_size)
         except OSError as error:
             logger.warning("cannot read rollout file %s: %s", path, error)
@@ -222,6 +239,35 @@ class RolloutFollower:
             path=path,
             codex_thread_id=state.tracker.codex_thread_id,
             readings=readings,
+            new_compactions=state.tracker.compaction_count - compactions_before,
+            last_activity=state.tracker.last_activity,
+            restarted=restarted,
+        )
+
+    def _read_compressed(self, path: Path, state: _FileState, size: int, restarted: bool) -> FileUpdate:
+        """Read a whole ``.jsonl.zst`` rollout once, streaming it through the zstd decompressor.
+
+        Raises:
+            OSError: the file cannot be read or is not valid zstd data (the file is then tried again
+                on the next poll only if it changed).
+        """
+        compactions_before = state.tracker.compaction_count
+        readings: list[ThreadBudgetReading] = []
+        pending = b""
+        try:
+            with path.open("rb") as handle, zstandard.ZstdDecompressor().stream_reader(handle) as stream:
+                while chunk := stream.read(ZSTD_READ_CHUNK_BYTES):
+                    *complete, pending = (pending + chunk).split(b"\n")
+                    readings.extend(self._feed_lines(path, state, complete))
+        except zstandard.ZstdError as error:
+            state.offset = size
+            raise OSError(f"not valid zstd data: {error}") from error
+        readings.extend(self._feed_lines(path, state, [pending]))
+        state.offset = size
+        return FileUpdate(
+            path=path,
+            codex_thread_id=state.tracker.codex_thread_id,
+            readings=tuple(readings),
             new_compactions=state.tracker.compaction_count - compactions_before,
             last_activity=state.tracker.last_activity,
             restarted=restarted,
@@ -256,7 +302,25 @@ class RolloutFollower:
                 continue
             reading = state.tracker.feed(record)
             if reading is not None:
+                self._say_limit(path, state, reading)
                 yield reading
+
+    @staticmethod
+    def _say_limit(path: Path, state: _FileState, reading: ThreadBudgetReading) -> None:
+        """Log where a thread's L comes from when that changes (a warning when it is assumed)."""
+        said = (reading.compaction_limit_source, reading.compaction_limit_reason)
+        if said == state.limit_said:
+            return
+        state.limit_said = said
+        level = logging.WARNING if reading.compaction_limit_source is LimitSource.ASSUMED else logging.INFO
+        logger.log(
+            level,
+            "%s: Codex compacts at %d tokens (%s: %s)",
+            path.name,
+            reading.auto_compact_token_limit,
+            reading.compaction_limit_source.value,
+            reading.compaction_limit_reason,
+        )
 
     @staticmethod
     def _report_malformed(path: Path, state: _FileState, error: Exception) -> None:

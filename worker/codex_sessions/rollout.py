@@ -2,10 +2,21 @@
 
 Pure parsing, no I/O. Each line is ``{"timestamp": "<UTC ISO-8601>", "type": ..., "payload": {...}}``
 (``RolloutLine`` in codex-rs/protocol/src/protocol.rs:2996-3001; ``RolloutItem`` at :2845-2853; see
-``research/codex-context.md`` §3). The format is observed, not a versioned contract, so anything this
-module does not know becomes an :class:`UnknownRecord` instead of an error; only lines that cannot be
-what Codex writes (not JSON, no timestamp, a known record with ill-typed fields) raise
-:class:`RolloutParseError`.
+``research/codex-context.md`` §3), since 0.15x with an ``ordinal`` and, on ``response_item`` lines, a
+``metadata`` object. The format is observed, not a versioned contract, so anything this module does
+not know becomes an :class:`UnknownRecord` instead of an error; only lines that cannot be what Codex
+writes (not JSON, no timestamp, a known record with ill-typed fields) raise :class:`RolloutParseError`.
+
+Both vocabularies are read (``research/real-codex.md`` §4):
+
+- Codex 0.104-0.153: ``event_msg`` ``user_message``, ``agent_message``, ``context_compacted``;
+- Codex 0.169: ``event_msg`` ``item_completed`` whose ``item.type`` is ``UserMessage``,
+  ``AgentMessage``, ``CommandExecution`` or ``ContextCompaction`` (other item types are unknown), the
+  top-level ``token_usage_record`` and ``world_state`` lines, and the assistant message carrying
+  ``metadata.compaction_output = true`` (the summary a local compaction request returned).
+
+``token_count``, ``compacted``, ``turn_context``, ``session_meta``, ``task_started`` /
+``task_complete`` and the tool calls are common to both.
 """
 
 import json
@@ -100,11 +111,85 @@ class TokenCountRecord:
 
 @dataclass(frozen=True)
 class CompactedRecord:
-    """``compacted``: Codex replaced the history with a summary (empty message for remote compaction)."""
+    """``compacted``: Codex replaced the history with a summary (empty message for remote compaction).
+
+    ``compaction_response_id`` (0.169) is the response id of the compaction request; None before.
+    """
 
     timestamp: datetime
     message: str
     replacement_history_items: int
+    compaction_response_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ContextCompactionItemRecord:
+    """``event_msg`` ``item_completed`` with a ``ContextCompaction`` item (0.169): a compaction ended."""
+
+    timestamp: datetime
+    item_id: str | None
+
+
+@dataclass(frozen=True)
+class CompactionSummaryRecord:
+    """The assistant message a local compaction request returned (``metadata.compaction_output``).
+
+    It is written just before that request's own ``token_usage_record`` and ``token_count``, so it
+    tells that the next token_count is the compaction request's usage, not a turn's (0.169).
+    """
+
+    timestamp: datetime
+
+
+@dataclass(frozen=True)
+class ResponseUsageRecord:
+    """``token_usage_record`` (0.15x+): one model response's usage and the thread's running total.
+
+    Attributes:
+        response_id: the model response's id (``compacted.compaction_response_id`` names one).
+        usage: that response's usage (tokens).
+        thread_token_usage: every request of the thread so far, compaction requests included
+            (what ``codex exec --json`` reports as ``turn.completed.usage``); None when absent.
+    """
+
+    timestamp: datetime
+    response_id: str | None
+    usage: TokenUsage
+    thread_token_usage: TokenUsage | None
+
+
+@dataclass(frozen=True)
+class WorldStateRecord:
+    """``world_state`` (0.169): the state Codex gives the model; ``model`` is the thread's model slug."""
+
+    timestamp: datetime
+    model: str | None
+
+
+@dataclass(frozen=True)
+class CommandExecutionRecord:
+    """``event_msg`` ``item_completed`` with a ``CommandExecution`` item (0.169): a command Codex ran.
+
+    Attributes:
+        call_id: the item's id, the ``call_id`` of the tool call that ran it (none for a command the
+            user ran directly).
+        argv: the command line as run (e.g. ``["/bin/bash", "-lc", "pytest -q"]``).
+        status: e.g. ``completed``, ``failed``.
+        exit_code: the command's exit code, None when Codex gives none.
+        output: the command's own output (``aggregated_output``).
+    """
+
+    timestamp: datetime
+    call_id: str | None
+    argv: tuple[str, ...]
+    status: str | None
+    exit_code: int | None
+    output: str
+
+    @property
+    def command(self) -> str:
+        """The command as one shell string (the script itself for ``bash -lc <script>``)."""
+        return _command_from_argv(self.argv)
 
 
 @dataclass(frozen=True)
@@ -134,7 +219,7 @@ class TaskCompleteRecord:
 
 @dataclass(frozen=True)
 class UserMessageRecord:
-    """``event_msg`` ``user_message``: the text the user sent."""
+    """The text the user sent: ``event_msg`` ``user_message``, or a ``UserMessage`` item (0.169)."""
 
     timestamp: datetime
     message: str
@@ -142,7 +227,7 @@ class UserMessageRecord:
 
 @dataclass(frozen=True)
 class AgentMessageRecord:
-    """``event_msg`` ``agent_message``: text the agent showed the user."""
+    """Text the agent showed: ``event_msg`` ``agent_message``, or an ``AgentMessage`` item (0.169)."""
 
     timestamp: datetime
     text: str
@@ -233,6 +318,11 @@ RolloutRecord = (
     | TokenCountRecord
     | CompactedRecord
     | ContextCompactedRecord
+    | ContextCompactionItemRecord
+    | CompactionSummaryRecord
+    | ResponseUsageRecord
+    | WorldStateRecord
+    | CommandExecutionRecord
     | TaskStartedRecord
     | TaskCompleteRecord
     | UserMessageRecord
@@ -265,11 +355,15 @@ def parse_rollout_line(line: str) -> RolloutRecord:
     if not isinstance(record_type, str):
         raise RolloutParseError("missing or non-string 'type'")
     payload = document.get("payload")
+    if record_type == "response_item" and _is_compaction_output(payload, document.get("metadata")):
+        return CompactionSummaryRecord(timestamp)
     parser = _TOP_LEVEL_PARSERS.get(record_type)
     if parser is None:
         payload_type = payload.get("type") if isinstance(payload, dict) else None
         return UnknownRecord(timestamp, record_type, payload_type if isinstance(payload_type, str) else None)
     if not isinstance(payload, dict):
+        if record_type in _LENIENT_TYPES:
+            return UnknownRecord(timestamp, record_type, None)
         raise RolloutParseError(f"'{record_type}' line has no payload object")
     return parser(timestamp, payload)
 
@@ -428,6 +522,16 @@ def _parse_token_usage(value: object, context: str) -> TokenUsage:
     )
 
 
+def _is_compaction_output(payload: object, metadata: object) -> bool:
+    """True for the assistant message a compaction request returned (``metadata.compaction_output``)."""
+    return (
+        isinstance(payload, dict)
+        and payload.get("type") == "message"
+        and isinstance(metadata, dict)
+        and metadata.get("compaction_output") is True
+    )
+
+
 def _parse_session_meta(timestamp: datetime, payload: dict[str, Any]) -> SessionMetaRecord:
     """Parse a ``session_meta`` payload; ``id`` is required."""
     git = payload.get("git")
@@ -469,7 +573,69 @@ def _parse_compacted(timestamp: datetime, payload: dict[str, Any]) -> CompactedR
         timestamp=timestamp,
         message=_optional_str(payload, "message") or "",
         replacement_history_items=len(history) if isinstance(history, list) else 0,
+        compaction_response_id=_optional_str(payload, "compaction_response_id"),
     )
+
+
+def _parse_token_usage_record(timestamp: datetime, payload: dict[str, Any]) -> RolloutRecord:
+    """Parse a ``token_usage_record`` payload; one without ``usage`` becomes an :class:`UnknownRecord`."""
+    usage = payload.get("usage")
+    if usage is None:
+        return UnknownRecord(timestamp, "token_usage_record", None)
+    thread_usage = payload.get("thread_token_usage")
+    return ResponseUsageRecord(
+        timestamp=timestamp,
+        response_id=_optional_str(payload, "response_id"),
+        usage=_parse_token_usage(usage, "token_usage_record usage"),
+        thread_token_usage=(
+            None
+            if thread_usage is None
+            else _parse_token_usage(thread_usage, "token_usage_record thread_token_usage")
+        ),
+    )
+
+
+def _parse_world_state(timestamp: datetime, payload: dict[str, Any]) -> WorldStateRecord:
+    """Parse a ``world_state`` payload: only its ``state.model`` is kept."""
+    state = payload.get("state")
+    return WorldStateRecord(timestamp, _optional_str(state, "model") if isinstance(state, dict) else None)
+
+
+def _content_text(content: object) -> str:
+    """The text parts of an item's ``content`` list (``{"type": "text" | "Text", "text": ...}``) joined."""
+    if not isinstance(content, list):
+        return ""
+    parts = [part.get("text") for part in content if isinstance(part, dict)]
+    return "".join(part for part in parts if isinstance(part, str))
+
+
+def _parse_item_completed(timestamp: datetime, payload: dict[str, Any]) -> RolloutRecord:
+    """Parse an ``item_completed`` event (0.169) by its item's ``type``; others are unknown."""
+    item = payload.get("item")
+    item_type = item.get("type") if isinstance(item, dict) else None
+    if not isinstance(item, dict) or not isinstance(item_type, str):
+        return UnknownRecord(timestamp, "event_msg", "item_completed")
+    if item_type == "UserMessage":
+        return UserMessageRecord(timestamp, _content_text(item.get("content")))
+    if item_type == "AgentMessage":
+        return AgentMessageRecord(timestamp, _content_text(item.get("content")))
+    if item_type == "ContextCompaction":
+        return ContextCompactionItemRecord(timestamp, _optional_str(item, "id"))
+    if item_type == "CommandExecution":
+        argv = item.get("command")
+        if isinstance(argv, str):
+            argv = [argv]
+        if not isinstance(argv, list) or not all(isinstance(part, str) for part in argv):
+            raise RolloutParseError("item_completed CommandExecution: 'command' is not a list of strings")
+        return CommandExecutionRecord(
+            timestamp=timestamp,
+            call_id=_optional_str(item, "id"),
+            argv=tuple(argv),
+            status=_optional_str(item, "status"),
+            exit_code=_optional_int(item, "exit_code", "item_completed CommandExecution"),
+            output=_optional_str(item, "aggregated_output") or "",
+        )
+    return UnknownRecord(timestamp, "event_msg", f"item_completed:{item_type}")
 
 
 def _parse_token_count(timestamp: datetime, payload: dict[str, Any]) -> TokenCountRecord:
@@ -513,6 +679,8 @@ def _parse_event_msg(timestamp: datetime, payload: dict[str, Any]) -> RolloutRec
         return UserMessageRecord(timestamp, _optional_str(payload, "message") or "")
     if event_type == "agent_message":
         return AgentMessageRecord(timestamp, _optional_str(payload, "message") or "")
+    if event_type == "item_completed":
+        return _parse_item_completed(timestamp, payload)
     return UnknownRecord(timestamp, "event_msg", event_type if isinstance(event_type, str) else None)
 
 
@@ -569,10 +737,16 @@ def _parse_response_item(timestamp: datetime, payload: dict[str, Any]) -> Rollou
     return UnknownRecord(timestamp, "response_item", item_type if isinstance(item_type, str) else None)
 
 
+_LENIENT_TYPES = frozenset({"token_usage_record", "world_state"})
+"""Newer record types read for extra facts only: a shape this module does not expect is unknown, not
+an error."""
+
 _TOP_LEVEL_PARSERS: dict[str, Callable[[datetime, dict[str, Any]], RolloutRecord]] = {
     "session_meta": _parse_session_meta,
     "turn_context": _parse_turn_context,
     "compacted": _parse_compacted,
     "event_msg": _parse_event_msg,
     "response_item": _parse_response_item,
+    "token_usage_record": _parse_token_usage_record,
+    "world_state": _parse_world_state,
 }

@@ -1,18 +1,29 @@
 """Follow one Codex thread's records in file order and turn them into context-budget readings.
 
 Pure state machine, no I/O: :class:`ThreadBudgetTracker` is fed :mod:`rollout` records and yields a
-:class:`ThreadBudgetReading` for every new *real* reading (a model response's token usage), following
-``research/codex-context.md`` §2.5 and SPEC D-1..D-3:
+:class:`ThreadBudgetReading` for every new *real* reading (a model response's token usage) and for
+every compaction, following ``research/codex-context.md`` §2.5, ``research/real-codex.md`` §4-5 and
+SPEC D-1..D-3:
 
-- ``token_count`` lines with ``info: null`` are skipped (no response yet);
+- ``token_count`` lines with ``info: null`` are skipped (no response yet), and so are all-zero usages
+  (``total_tokens: 0``: nothing was measured, not "100 % left");
 - re-emitted lines whose ``total_token_usage`` is unchanged are skipped (Codex re-sends the same info
   on rate-limit updates, codex-rs/core/src/session/mod.rs:2795-2806);
 - Codex's post-compaction estimates (every component zero, only a total) are never readings (D-3);
-- one compaction is counted per ``compacted`` / ``context_compacted`` pair, either may appear alone;
-- growth estimates (D-2) restart at each compaction.
+- the ``token_count`` of a local compaction request (0.169: right after the summary message marked
+  ``compaction_output``, just before ``compacted``) is that request's own usage, never a reading;
+- one compaction is counted per group of ``compacted`` / ``context_compacted`` / ``ContextCompaction``
+  item records (any of them may appear alone). The first of them yields at once a reading that says
+  "compacted, waiting for the first reading" (:attr:`ThreadBudgetReading.awaiting_reading_after_compaction`),
+  so a compaction is reported without waiting for Codex's next response;
+- growth estimates (D-2) restart at each compaction;
+- the auto-compact limit L follows the thread's model (``turn_context`` / ``world_state``) and the Codex
+  home's configuration (:mod:`worker.codex_sessions.codex_config`), and each reading says where it came
+  from.
 
 It also keeps the last activity facts a handoff needs (CB-18): the last agent message, the last tool
-call with its output, the last shell command and the last test run with its outcome.
+call with its output, the last shell command and the last test run with its outcome, from the tool
+calls and (0.169) the ``CommandExecution`` items.
 """
 
 import math
@@ -25,29 +36,38 @@ from itertools import pairwise
 from typing import Literal
 
 from worker.codex_sessions.budget import (
-    DEFAULT_CONTEXT_WINDOW,
-    DEFAULT_EFFECTIVE_CONTEXT_WINDOW_PERCENT,
-    auto_compact_token_limit,
     codex_context_left_percent,
     context_budget_remaining_percent,
-    full_context_window,
     is_compaction_estimate,
+    is_empty_usage,
+)
+from worker.codex_sessions.codex_config import (
+    UNCONFIGURED,
+    CodexConfiguration,
+    CompactionLimit,
+    LimitSource,
+    resolve_compaction_limit,
 )
 from worker.codex_sessions.rollout import (
     AgentMessageRecord,
+    CommandExecutionRecord,
     CompactedRecord,
+    CompactionSummaryRecord,
     ContextCompactedRecord,
+    ContextCompactionItemRecord,
     CustomToolCallOutputRecord,
     CustomToolCallRecord,
     FunctionCallOutputRecord,
     FunctionCallRecord,
     LocalShellCallRecord,
+    ResponseUsageRecord,
     RolloutRecord,
     SessionMetaRecord,
     TaskStartedRecord,
     TokenCountRecord,
     TokenUsage,
     TurnContextRecord,
+    WorldStateRecord,
     exit_code_from_output,
 )
 
@@ -64,6 +84,13 @@ GROWTH_WINDOW_TURNS = 8
 A "turn" here is one model response (one sampling request), because Codex writes one real
 ``token_count`` per response (codex-rs/core/src/session/turn.rs:2132-2144); a user turn usually holds
 several. Per-user-turn growth would leave a long autonomous turn without any estimate.
+"""
+
+AWAITING_READING_PERCENT = 100.0
+"""``context_budget_remaining_pct`` of a "compacted, waiting for the first reading" report (percent).
+
+Codex has just replaced the history with a summary, so the room before the next compaction is (about)
+all of it again; the next real reading gives the exact figure. It is never Codex's own estimate.
 """
 
 MAX_PROJECTION = timedelta(days=30)
@@ -106,18 +133,14 @@ class TrackerSettings:
     """Per-thread configuration of the budget arithmetic.
 
     Attributes:
-        configured_auto_compact_limit: Codex's ``model_auto_compact_token_limit`` from config.toml
-            (tokens), when the user set one; it can only lower L (openai_models.rs:281-323).
-        effective_context_window_percent: percent of the full window Codex reports as W (default 95).
-        default_context_window: full window CW (tokens) used when no line carries W (Codex's fallback).
         large_message_tokens: size of a "large message" (tokens), see :data:`LARGE_MESSAGE_TOKENS`.
         growth_window_turns: growth steps used by the D-2 estimates, see :data:`GROWTH_WINDOW_TURNS`.
         max_projection: horizon beyond which ``compaction_expected_at`` is None.
+
+    The Codex configuration that decides L is not a setting: it is given to the tracker (and changes
+    while it runs), see :meth:`ThreadBudgetTracker.use_configuration`.
     """
 
-    configured_auto_compact_limit: int | None = None
-    effective_context_window_percent: int = DEFAULT_EFFECTIVE_CONTEXT_WINDOW_PERCENT
-    default_context_window: int = DEFAULT_CONTEXT_WINDOW
     large_message_tokens: int = LARGE_MESSAGE_TOKENS
     growth_window_turns: int = GROWTH_WINDOW_TURNS
     max_projection: timedelta = MAX_PROJECTION
@@ -125,9 +148,14 @@ class TrackerSettings:
 
 @dataclass(frozen=True)
 class ThreadBudgetReading:
-    """One real context-budget reading of a Codex thread (SPEC D-1, D-2, D-3; CB-6 fields).
+    """One context-budget reading of a Codex thread (SPEC D-1, D-2, D-3; CB-6 fields).
 
-    Token figures are in tokens, percents in 0-100, datetimes are aware UTC.
+    Token figures are in tokens, percents in 0-100, datetimes are aware UTC. A reading is either a
+    real one (a model response's usage) or, when ``awaiting_reading_after_compaction``, the report of
+    a compaction recorded after the thread's last real reading: then ``last_total_tokens`` is 0 and
+    ``codex_context_left_pct`` None (not measured yet), ``context_budget_remaining_pct`` is
+    :data:`AWAITING_READING_PERCENT`, there are no D-2 estimates, and ``captured_at`` is the
+    compaction record's time.
 
     Attributes:
         codex_thread_id: the thread's uuid (``session_meta.id``, else from the file name).
@@ -137,7 +165,11 @@ class ThreadBudgetReading:
         model_context_window: W, Codex's ``model_context_window`` (95 % of CW by default).
         context_window: CW, the full context window.
         auto_compact_token_limit: L, where Codex auto-compacts.
-        codex_context_left_pct: Codex's own "% context left", its formula exactly.
+        compaction_limit_source: where L came from (configured, model default, assumed).
+        compaction_limit_reason: why, in one sentence (e.g. "model_auto_compact_token_limit = 20000
+            in config.toml").
+        codex_context_left_pct: Codex's own "% context left", its formula exactly; None while
+            awaiting the first reading after a compaction.
         context_budget_remaining_pct: Boss's budget before compaction, one decimal (D-1).
         compaction_count: compactions seen in this thread so far.
         last_compaction_at: when the latest compaction was recorded.
@@ -147,6 +179,8 @@ class ThreadBudgetReading:
         compaction_expected_at: when L is reached at the observed tokens per minute, or None (D-2).
         captured_at: the ``token_count`` line's timestamp.
         reading_sequence: 1, 2, 3... per thread in file order; usable as ``snapshot_version``.
+        awaiting_reading_after_compaction: Codex compacted the thread after its last real reading and
+            has not answered since ("compacted, waiting for the first reading").
     """
 
     codex_thread_id: str | None
@@ -156,7 +190,7 @@ class ThreadBudgetReading:
     model_context_window: int
     context_window: int
     auto_compact_token_limit: int
-    codex_context_left_pct: int
+    codex_context_left_pct: int | None
     context_budget_remaining_pct: float
     compaction_count: int
     last_compaction_at: datetime | None
@@ -165,6 +199,9 @@ class ThreadBudgetReading:
     compaction_expected_at: datetime | None
     captured_at: datetime
     reading_sequence: int
+    compaction_limit_source: LimitSource = LimitSource.ASSUMED
+    compaction_limit_reason: str = ""
+    awaiting_reading_after_compaction: bool = False
 
 
 @dataclass(frozen=True)
@@ -324,35 +361,47 @@ class ThreadBudgetTracker:
     """Budget state of one Codex thread, fed its rollout records in file order.
 
     Feed every record with :meth:`feed`; it returns a :class:`ThreadBudgetReading` when the record
-    produced a new real reading, else None. :attr:`last_activity`, :attr:`compaction_count` and
-    :attr:`latest_reading` expose the current state between readings.
+    produced a new real reading or a compaction, else None. :attr:`last_activity`,
+    :attr:`compaction_count` and :attr:`latest_reading` expose the current state between readings.
     """
 
     def __init__(
-        self, fallback_thread_id: str | None = None, settings: TrackerSettings | None = None
+        self,
+        fallback_thread_id: str | None = None,
+        settings: TrackerSettings | None = None,
+        configuration: CodexConfiguration = UNCONFIGURED,
     ) -> None:
         """Start an empty tracker.
 
         Args:
             fallback_thread_id: thread id to use until a ``session_meta`` names one (e.g. the uuid in
                 the rollout file name).
-            settings: budget arithmetic settings; defaults match an unconfigured Codex.
+            settings: growth-estimate settings; defaults per :class:`TrackerSettings`.
+            configuration: the Codex home's configuration that decides L (:data:`UNCONFIGURED`: none).
         """
         self._settings = settings or TrackerSettings()
+        self._configuration = configuration
         self._thread_id = fallback_thread_id
         self._thread_id_from_meta = False
         self._cwd: str | None = None
         self._model: str | None = None
-        self._task_context_window: int | None = None
+        self._window: int | None = None
         self._last_seen_usage: _UsageKey | None = None
         self._growth: deque[tuple[datetime, int]] = deque(maxlen=self._settings.growth_window_turns + 1)
         self._compaction_count = 0
         self._last_compaction_at: datetime | None = None
-        self._open_compaction: type[CompactedRecord] | type[ContextCompactedRecord] | None = None
+        self._open_compaction: set[type] | None = None
+        self._compaction_request_pending = False
+        self._thread_token_usage: TokenUsage | None = None
+        self._total_token_usage: TokenUsage | None = None
         self._sequence = 0
         self._latest: ThreadBudgetReading | None = None
         self._activity = LastActivity()
         self._pending_calls: dict[str, ToolRun] = {}
+
+    def use_configuration(self, configuration: CodexConfiguration) -> None:
+        """Use ``configuration`` for the readings made from now on (the user edited config.toml)."""
+        self._configuration = configuration
 
     @property
     def codex_thread_id(self) -> str | None:
@@ -361,7 +410,7 @@ class ThreadBudgetTracker:
 
     @property
     def compaction_count(self) -> int:
-        """Compactions seen so far (one per ``compacted`` / ``context_compacted`` pair)."""
+        """Compactions seen so far (one per group of compaction records, see the module docstring)."""
         return self._compaction_count
 
     @property
@@ -371,8 +420,23 @@ class ThreadBudgetTracker:
 
     @property
     def latest_reading(self) -> ThreadBudgetReading | None:
-        """The most recent real reading, None before the first model response."""
+        """The most recent reading (real, or awaiting one after a compaction), None before any."""
         return self._latest
+
+    @property
+    def total_token_usage(self) -> TokenUsage | None:
+        """The thread's cumulative usage as Codex reports it to its clients (tokens): the latest
+        ``token_count``'s ``total_token_usage``, which ``codex exec --json`` gives as
+        ``turn.completed.usage`` and the app server as ``tokenUsage.total``. A remote compaction
+        request is not in it (Codex writes no token_count for it). None before the first one."""
+        return self._total_token_usage
+
+    @property
+    def thread_token_usage(self) -> TokenUsage | None:
+        """Every request of the thread so far, remote compaction requests included (tokens), from the
+        latest ``token_usage_record`` (0.15x+); after a remote compaction it exceeds
+        :attr:`total_token_usage` by that request's usage. None before the first one."""
+        return self._thread_token_usage
 
     @property
     def last_activity(self) -> LastActivity:
@@ -389,19 +453,25 @@ class ThreadBudgetTracker:
         return readings
 
     def feed(self, record: RolloutRecord) -> ThreadBudgetReading | None:
-        """Apply one record; return the new real reading it produced, if any."""
+        """Apply one record; return the new reading it produced (real, or a compaction's), if any."""
         match record:
             case TokenCountRecord():
                 return self._on_token_count(record)
+            case CompactedRecord() | ContextCompactedRecord() | ContextCompactionItemRecord():
+                return self._on_compaction(record)
+            case CompactionSummaryRecord():
+                self._compaction_request_pending = True
+            case ResponseUsageRecord():
+                self._thread_token_usage = record.thread_token_usage or self._thread_token_usage
             case SessionMetaRecord():
                 self._on_session_meta(record)
             case TurnContextRecord():
                 self._cwd = record.cwd or self._cwd
                 self._model = record.model or self._model
+            case WorldStateRecord():
+                self._model = record.model or self._model
             case TaskStartedRecord():
-                self._task_context_window = record.model_context_window or self._task_context_window
-            case CompactedRecord() | ContextCompactedRecord():
-                self._on_compaction(record)
+                self._window = record.model_context_window or self._window
             case AgentMessageRecord():
                 self._activity = replace(
                     self._activity, last_agent_message=record.text, last_agent_message_at=record.timestamp
@@ -419,7 +489,9 @@ class ThreadBudgetTracker:
                     )
                 )
             case FunctionCallOutputRecord() | CustomToolCallOutputRecord():
-                self._on_call_output(record)
+                self._on_call_output(record.call_id, record.output, record.exit_code, record.timestamp)
+            case CommandExecutionRecord():
+                self._on_command_execution(record)
             case _:
                 pass
         return None
@@ -432,23 +504,37 @@ class ThreadBudgetTracker:
         self._thread_id_from_meta = True
         self._cwd = self._cwd or record.cwd
 
-    def _on_compaction(self, record: CompactedRecord | ContextCompactedRecord) -> None:
-        """Count one compaction per pair; the partner record of an open compaction only closes it."""
+    def _on_compaction(
+        self, record: CompactedRecord | ContextCompactedRecord | ContextCompactionItemRecord
+    ) -> ThreadBudgetReading | None:
+        """Count one compaction per group of its records and report it at once.
+
+        A record of a kind the open compaction has not seen yet only joins it (``compacted`` then
+        sets ``last_compaction_at``); a kind seen already, or any record when none is open, starts a
+        new compaction, which yields the "compacted, waiting for the first reading" report.
+        """
+        self._compaction_request_pending = False
         kind = type(record)
-        if self._open_compaction is not None and self._open_compaction is not kind:
-            self._open_compaction = None
+        if self._open_compaction is not None and kind not in self._open_compaction:
+            self._open_compaction.add(kind)
             if isinstance(record, CompactedRecord):
                 self._last_compaction_at = record.timestamp
-            return
+            return None
         self._compaction_count += 1
         self._last_compaction_at = record.timestamp
-        self._open_compaction = kind
+        self._open_compaction = {kind}
         self._growth.clear()
+        self._sequence += 1
+        self._latest = self._awaiting_reading(record.timestamp)
+        return self._latest
 
     def _on_token_count(self, record: TokenCountRecord) -> ThreadBudgetReading | None:
-        """Turn a ``token_count`` into a reading unless it is empty, a re-emit or an estimate."""
+        """Turn a ``token_count`` into a reading unless it is empty, a re-emit, an estimate or the
+        compaction request's own usage."""
         last = record.last_token_usage
-        if last is None:
+        self._window = record.model_context_window or self._window
+        self._total_token_usage = record.total_token_usage or self._total_token_usage
+        if last is None or is_empty_usage(last):
             return None
         usage_key = (record.total_token_usage, last)
         if self._last_seen_usage is not None and _same_totals(self._last_seen_usage, usage_key):
@@ -456,35 +542,38 @@ class ThreadBudgetTracker:
         self._last_seen_usage = usage_key
         if is_compaction_estimate(last):
             return None
+        if self._compaction_request_pending:
+            self._compaction_request_pending = False
+            return None
         self._open_compaction = None
         self._growth.append((record.timestamp, last.total_tokens))
         self._sequence += 1
         self._latest = self._reading(record, last.total_tokens)
         return self._latest
 
+    def _limit(self) -> CompactionLimit:
+        """L for the thread's current model and window under the current configuration."""
+        return resolve_compaction_limit(self._configuration, self._model, self._window)
+
     def _reading(self, record: TokenCountRecord, total: int) -> ThreadBudgetReading:
         """Build the reading for a real ``token_count`` with ``last_token_usage.total_tokens = total``."""
         settings = self._settings
-        window = record.model_context_window or self._task_context_window
-        if window is None:
-            context_window = settings.default_context_window
-            window = context_window * settings.effective_context_window_percent // 100
-        else:
-            context_window = full_context_window(window, settings.effective_context_window_percent)
-        limit = auto_compact_token_limit(context_window, settings.configured_auto_compact_limit)
+        limit = self._limit()
         growth = estimate_growth(
-            list(self._growth), limit, settings.large_message_tokens, settings.max_projection
+            list(self._growth), limit.limit, settings.large_message_tokens, settings.max_projection
         )
         return ThreadBudgetReading(
             codex_thread_id=self._thread_id,
             cwd=self._cwd,
             model=self._model,
             last_total_tokens=total,
-            model_context_window=window,
-            context_window=context_window,
-            auto_compact_token_limit=limit,
-            codex_context_left_pct=codex_context_left_percent(total, window),
-            context_budget_remaining_pct=context_budget_remaining_percent(total, limit),
+            model_context_window=limit.model_context_window,
+            context_window=limit.context_window,
+            auto_compact_token_limit=limit.limit,
+            compaction_limit_source=limit.source,
+            compaction_limit_reason=limit.reason,
+            codex_context_left_pct=codex_context_left_percent(total, limit.model_context_window),
+            context_budget_remaining_pct=context_budget_remaining_percent(total, limit.limit),
             compaction_count=self._compaction_count,
             last_compaction_at=self._last_compaction_at,
             estimated_remaining_turns=growth.remaining_turns,
@@ -492,6 +581,31 @@ class ThreadBudgetTracker:
             compaction_expected_at=growth.compaction_expected_at,
             captured_at=record.timestamp,
             reading_sequence=self._sequence,
+        )
+
+    def _awaiting_reading(self, compacted_at: datetime) -> ThreadBudgetReading:
+        """The report of a compaction made before Codex's next response: nothing measured yet."""
+        limit = self._limit()
+        return ThreadBudgetReading(
+            codex_thread_id=self._thread_id,
+            cwd=self._cwd,
+            model=self._model,
+            last_total_tokens=0,
+            model_context_window=limit.model_context_window,
+            context_window=limit.context_window,
+            auto_compact_token_limit=limit.limit,
+            compaction_limit_source=limit.source,
+            compaction_limit_reason=limit.reason,
+            codex_context_left_pct=None,
+            context_budget_remaining_pct=AWAITING_READING_PERCENT,
+            compaction_count=self._compaction_count,
+            last_compaction_at=self._last_compaction_at,
+            estimated_remaining_turns=None,
+            estimated_remaining_large_messages=None,
+            compaction_expected_at=None,
+            captured_at=compacted_at,
+            reading_sequence=self._sequence,
+            awaiting_reading_after_compaction=True,
         )
 
     def _on_call(self, run: ToolRun) -> None:
@@ -502,18 +616,26 @@ class ThreadBudgetTracker:
         self._pending_calls[run.call_id] = run
         self._publish_run(run)
 
-    def _on_call_output(self, record: FunctionCallOutputRecord | CustomToolCallOutputRecord) -> None:
+    def _on_call_output(self, call_id: str, output: str, exit_code: int | None, at: datetime) -> None:
         """Attach an output to its pending call and refresh the activity facts that point at it."""
-        run = self._pending_calls.pop(record.call_id, None)
+        run = self._pending_calls.pop(call_id, None)
         if run is None:
             return
-        finished = replace(
-            run,
-            output=record.output[-OUTPUT_TAIL_CHARS:],
-            exit_code=exit_code_from_output(record.output),
-            finished_at=record.timestamp,
-        )
+        finished = replace(run, output=output[-OUTPUT_TAIL_CHARS:], exit_code=exit_code, finished_at=at)
         self._publish_run(finished)
+
+    def _on_command_execution(self, record: CommandExecutionRecord) -> None:
+        """A ``CommandExecution`` item (0.169): the output and exit code of the call that ran it, or,
+        for a command without a pending call (run by the user), a finished run of its own. It comes
+        before the call's ``function_call_output``, which then finds no pending call."""
+        call_id = record.call_id or f"command-{record.timestamp.isoformat()}"
+        exit_code = record.exit_code
+        if exit_code is None:
+            exit_code = exit_code_from_output(record.output)
+        if call_id not in self._pending_calls:
+            command = record.command
+            self._on_call(ToolRun(call_id, "command_execution", command, command, record.timestamp))
+        self._on_call_output(call_id, record.output, exit_code, record.timestamp)
 
     def _publish_run(self, run: ToolRun) -> None:
         """Make ``run`` the last tool call, and the last shell command / test run when it is one."""

@@ -29,9 +29,9 @@ from pathlib import Path
 import grpc
 from boss.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from services.shared.auth import bearer_metadata
-from services.shared.reconnection import Reconnection
-from services.shared.time import to_timestamp
+from boss_common.bearer import bearer_metadata
+from boss_common.reconnection import Reconnection
+from boss_common.time import to_timestamp
 from worker.codex_sessions.git_state import read_git_state
 from worker.codex_sessions.tracker import LastActivity
 from worker.handoff.builder import BuiltPackage, SessionFacts, build_package, find_artefacts

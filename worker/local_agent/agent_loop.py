@@ -2,9 +2,14 @@
 
 :class:`LocalAgent` keeps `max_concurrent_tasks` claim slots (2 by default). Each slot, in a loop:
 
-1. long-polls `ClaimTask(wait_seconds=30)` for this worker and node (the scheduler hands out only
-   this node's tasks, one at a time per Codex thread, in order);
-2. `StartTask` under the claim's lease (claimed -> running);
+1. long-polls `ClaimTask(wait_seconds=30, start=True)` for this worker and node (the scheduler
+   hands out only this node's tasks, one at a time per Codex thread, in order), which answers the
+   task already running (claimed -> running in the claim's transaction, the run lease), since a
+   slot runs what it claims at once;
+2. a scheduler that answers the task only claimed (one that predates `start`) gets a `StartTask`
+   under the claim's lease (claimed -> running). `prepare_turn`, when given, is called with the
+   task before the turn (as that StartTask goes out, so the runner gets ready meanwhile: the Codex
+   runner looks for other Codex processes on the thread); the turn starts only once the task runs;
 3. runs the turn through the :data:`~worker.local_agent.outcomes.RunTurn` callable (the Codex
    runner) while heartbeating every lease/3 seconds (`HeartbeatTask`);
 4. `FinishTask` with the outcome (:func:`~worker.local_agent.outcomes.finish_request`).
@@ -17,14 +22,16 @@ while the lease may still be valid; once it has surely run out the run is cancel
 scheduler, which fails a running task whose lease ran out as device_lost.
 
 While the scheduler is unreachable the slots retry their claims with backoff (0.2 s doubling to
-10 s, services/shared/reconnection.py); the outage is logged once when it starts and once when it ends.
+10 s, boss_common/reconnection.py); the outage is logged once when it starts and once when it ends.
 
 Stopping (`stop` set, on SIGTERM/SIGINT of the worker): no more claims (pending long polls are
-cancelled; a task the scheduler claimed for a cancelled poll goes back to its queue when the claim's
-lease runs out); running turns are cancelled and finished as failed, failure_kind interrupted, "the
-worker on <node> was stopped while running this message" (a turn that still replied is finished
-with its reply). A turn that ignores its cancel for `cancel_grace_s` is abandoned. A worker killed
-outright leaves its running tasks to the scheduler's lease expiry.
+cancelled; a task the scheduler claimed and started for a cancelled poll goes back to its queue
+at once, since the agent never held it); running turns are cancelled and finished as failed,
+failure_kind interrupted, "the worker on <node> was stopped while running this message" (a turn
+that still replied is finished with its reply). A turn that ignores its cancel for
+`cancel_grace_s` is abandoned. Once every slot has ended, `on_stopped` is awaited (the Codex
+runner completes or kills the cleanups of its finished runs there). A worker killed outright
+leaves its running tasks to the scheduler's lease expiry.
 
 Every task state change is logged on one line: claimed, started, finished (outcome and seconds),
 lease lost.
@@ -43,9 +50,10 @@ import grpc
 from boss.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from google.protobuf.message import Message
 
-from services.shared.auth import bearer_metadata
-from services.shared.reconnection import Reconnection
-from services.shared.time import utc_now
+from boss_common.bearer import bearer_metadata
+from boss_common.reconnection import Reconnection
+from boss_common.time import utc_now
+from boss_common.waiting import wait_until_set
 from worker.local_agent.leases import (
     CallVerdict,
     LeaseClock,
@@ -119,7 +127,7 @@ class LocalAgent:
     Args:
         scheduler_address: gRPC target of the scheduler (e.g. 127.0.0.1:50052).
         token: returns the worker bearer token (scope tasks:claim, bound to worker_id and node_id);
-            called once per claim, so a re-minted token is picked up.
+            called once per claim.
         worker_id, node_id: who this agent is (must equal the token's).
         run_turn: runs one turn (the Codex runner; a stub in tests).
         max_concurrent_tasks: claim slots, i.e. turns run at the same time (>= 1).
@@ -127,6 +135,11 @@ class LocalAgent:
         cancel_grace_s: how long a cancelled turn may take to return before it is abandoned (seconds).
         channel: an existing channel to use (not closed by the agent); one is opened otherwise.
         clock: monotonic seconds (lease deadlines, durations).
+        on_stopped: awaited once every slot has ended, before `run` returns (e.g. the Codex
+            runner's `close`); None for nothing.
+        prepare_turn: called (synchronously, on the event loop) with each claimed task before its
+            turn (and before a StartTask, when one is needed): e.g. the Codex runner's `prepare`,
+            which starts its checks in the background; it must not start the turn. None for nothing.
     """
 
     def __init__(
@@ -142,6 +155,8 @@ class LocalAgent:
         cancel_grace_s: float = DEFAULT_CANCEL_GRACE_S,
         channel: grpc.aio.Channel | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_stopped: Callable[[], Awaitable[None]] | None = None,
+        prepare_turn: Callable[[scheduler_pb2.Task], None] | None = None,
     ) -> None:
         if max_concurrent_tasks < 1:
             raise ValueError(f"max_concurrent_tasks must be >= 1, got {max_concurrent_tasks}")
@@ -159,13 +174,16 @@ class LocalAgent:
         self._cancel_grace_s = cancel_grace_s
         self._channel = channel
         self._clock = clock
+        self._on_stopped = on_stopped
+        self._prepare_turn = prepare_turn
         self._reachability = Reachability(clock)
         self.running: set[str] = set()
         """Ids of the tasks whose turn is running now."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Claims and runs tasks until `stop` is set; then interrupts and finishes the running turns
-        (see the module docstring) and returns. Never raises for scheduler failures."""
+        (see the module docstring), awaits `on_stopped` and returns. Never raises for scheduler
+        failures."""
         channel = self._channel or grpc.aio.insecure_channel(self._address, options=CHANNEL_OPTIONS)
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         log.info(
@@ -180,8 +198,12 @@ class LocalAgent:
                 for slot in range(self._slots):
                     group.create_task(self._slot(stub, stop), name=f"local-agent-slot-{slot}")
         finally:
-            if self._channel is None:
-                await channel.close()
+            try:
+                if self._on_stopped is not None:
+                    await self._on_stopped()
+            finally:
+                if self._channel is None:
+                    await channel.close()
         log.info("local agent of %s stopped", self.worker_id)
 
     async def _slot(self, stub: scheduler_pb2_grpc.SchedulerServiceStub, stop: asyncio.Event) -> None:
@@ -191,11 +213,11 @@ class LocalAgent:
             try:
                 claim = await self._claim(stub, stop, reconnection)
             except grpc.aio.AioRpcError as error:
-                await _sleep_unless(stop, self._claim_failed(error, reconnection))
+                await wait_until_set(stop, self._claim_failed(error, reconnection))
                 continue
             except Exception:
                 log.exception("claiming a task failed; trying again")
-                await _sleep_unless(stop, reconnection.next_delay())
+                await wait_until_set(stop, reconnection.next_delay())
                 continue
             if claim is None:
                 continue
@@ -209,7 +231,7 @@ class LocalAgent:
     ) -> Claim | None:
         """One ClaimTask long poll, given up when `stop` is set. None when no task came (or stop)."""
         request = scheduler_pb2.ClaimTaskRequest(
-            worker_id=self.worker_id, node_id=self.node_id, wait_seconds=self._claim_wait_s
+            worker_id=self.worker_id, node_id=self.node_id, wait_seconds=self._claim_wait_s, start=True
         )
         reconnection.attempt_started()
         sent_at = self._clock()
@@ -283,14 +305,23 @@ class LocalAgent:
             return
         metadata = bearer_metadata(self._token())
         lease = HeldLease(LeaseClock.granted(claim.sent_at, lease_seconds(claim.task, now=utc_now())))
-        start_request = scheduler_pb2.StartTaskRequest(
-            worker_id=self.worker_id, node_id=self.node_id, task_id=task_id, lease_id=claim.lease_id
-        )
-        started = await self._fenced_call(stub.StartTask, start_request, metadata, lease, task_id, "start")
-        if not isinstance(started.response, scheduler_pb2.StartTaskResponse):
-            return
-        task = started.response.task
-        lease.clock = LeaseClock.granted(started.sent_at, lease_seconds(task, now=utc_now()))
+        if self._prepare_turn is not None:
+            try:
+                self._prepare_turn(claim.task)
+            except Exception:
+                log.exception("task %s: preparing its turn failed; the turn gets ready by itself", task_id)
+        task = claim.task
+        if task.status != scheduler_pb2.TASK_STATUS_RUNNING:
+            start_request = scheduler_pb2.StartTaskRequest(
+                worker_id=self.worker_id, node_id=self.node_id, task_id=task_id, lease_id=claim.lease_id
+            )
+            started = await self._fenced_call(
+                stub.StartTask, start_request, metadata, lease, task_id, "start"
+            )
+            if not isinstance(started.response, scheduler_pb2.StartTaskResponse):
+                return
+            task = started.response.task
+            lease.clock = LeaseClock.granted(started.sent_at, lease_seconds(task, now=utc_now()))
         log.info(
             "task %s started: thread %s in %s (lease %.1f s)",
             task_id,
@@ -499,9 +530,3 @@ class LocalAgent:
                 return CallResult(None, sent_at, verdict, error)
             self._answered()
             return CallResult(response, sent_at)
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    """Sleeps `seconds`, or less when `stop` is set meanwhile."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)

@@ -8,6 +8,7 @@ The one call the local agent needs::
                          message=task.instruction_text),
         CodexRunSettings(),          # Codex found as codex_install says; CODEX_HOME or ~/.codex
         stop=cancel_event,           # set it to stop the run: the result is then `interrupted`
+        cleanups=cleanups,           # optional: stop what Codex left running after returning
     )
     if result.succeeded: ... result.reply_text ...
     else: ... result.failure_kind (FailureKind), result.failure_detail (plain words) ...
@@ -21,13 +22,18 @@ What a run does (every point observed on Codex 0.169, ``real-codex.md`` §6 and 
 - refuses at once, without starting Codex, when the folder does not exist (could_not_start), the
   thread ref is not a session id (session_not_found), or the thread is busy (thread_busy: its
   lock under the Codex home is held, or another live process runs Codex on it; see
-  :mod:`~worker.local_agent.codex_guard`); the lock is held until the run is over;
+  :mod:`~worker.local_agent.codex_guard`); the lock is held until the run is over. The look for
+  other Codex processes reads every process's command line; the local agent starts it early
+  (:func:`look_ahead`, while its StartTask call is on its way) and the run takes what it found
+  when the lock was free at once, else it looks once more after taking the lock;
 - starts ``codex exec resume --json --skip-git-repo-check -c approval_policy="never"
   -c sandbox_mode="<sandbox>" --disable unbounded_connection_retries <thread ref> -`` in the
   thread's folder, in a new session (its own process group), with ``CODEX_HOME`` set. ``exec
   resume`` rejects ``-s/--sandbox``, ``-C/--cd``, ``--color``, ``-a`` and ``--full-auto`` (clap
   exit 2), hence the ``-c`` overrides and the working directory. Without
-  ``--disable unbounded_connection_retries`` an unreachable model is retried for ever;
+  ``--disable unbounded_connection_retries`` an unreachable model is retried for ever. On Linux
+  Codex starts under ``setpriv --pdeathsig KILL`` (:func:`parent_death_prefix`): a worker killed
+  outright takes its Codex runs with it;
 - writes the message to stdin and closes it (an open stdin makes Codex wait for ever);
 - reads stdout line by line: no line for ``stall_timeout_s`` is a stall, ``turn_timeout_s`` in
   all is the turn cap, and ``stop`` being set is an interruption; each kills the whole process
@@ -35,14 +41,21 @@ What a run does (every point observed on Codex 0.169, ``real-codex.md`` §6 and 
   and waits until none is left, so no native ``codex`` outlives the run;
 - leaves nothing running after the turn, however it ended: Codex starts some helpers in sessions
   of their own (its shell-environment snapshot runs ``bash -lc`` with the user's ``~/.bashrc``,
-  which can take a minute) and does not wait for them when it exits; the process groups Codex's
-  descendants moved to are recorded while it runs and stopped afterwards. So a background process
-  a command of the turn started is stopped when the turn ends, too;
+  which can take a minute) and does not wait for them when it exits, and a plugin sync's
+  ``git-remote-https`` can outlive it in its own group; the process groups Codex's descendants
+  moved to are recorded while it runs and stopped afterwards
+  (:mod:`~worker.local_agent.leftovers`). So a background process a command of the turn started
+  is stopped when the turn ends, too. Without ``cleanups`` that happens before the result is
+  returned; with a :class:`~worker.local_agent.leftovers.LeftoverCleanups` the result is returned
+  as soon as Codex's main process has exited and its output is parsed, and the leftovers are
+  stopped in the background, the thread's lock held until they are gone (the thread's next run
+  through the same ``cleanups`` waits for that, within its ``lock_wait_s``);
 - keeps the head and tail of stderr (``no rollout found`` is printed there);
 - classifies the facts with :func:`~worker.local_agent.codex_outcome.classify_run`.
 
-:func:`create_codex_thread` starts a new thread the same way (``codex exec --json``) and returns
-its session id; tests and the demo use it.
+:func:`start_codex_thread` starts a new thread the same way (``codex exec --json``) and returns
+its first turn's result (the local agent runs a group's relay target so); :func:`create_codex_thread`
+returns just its session id (tests and the demo use it).
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import time
 import uuid
 from asyncio import FIRST_COMPLETED
@@ -61,7 +75,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.local_agent.codex_guard import ThreadBusyError, ensure_thread_idle, hold_thread_lock
+from worker.local_agent.codex_guard import (
+    CodexProcess,
+    ThreadBusyError,
+    codex_processes_using,
+    ensure_thread_idle,
+    hold_thread_lock,
+)
 from worker.local_agent.codex_install import CodexNotFoundError, find_codex_binary
 from worker.local_agent.codex_outcome import (
     CodexEvents,
@@ -71,13 +91,9 @@ from worker.local_agent.codex_outcome import (
     classify_run,
     fold_event,
 )
-from worker.local_agent.process_group import (
-    foreign_groups,
-    group_alive,
-    kill_group_now,
-    stop_group,
-    stop_groups,
-)
+from worker.local_agent.descendant_watch import DescendantWatch
+from worker.local_agent.leftovers import LeftoverCleanups, Leftovers
+from worker.local_agent.process_group import stop_group
 
 logger = logging.getLogger(__name__)
 
@@ -92,10 +108,16 @@ STDERR_HEAD_BYTES = 4096
 STDERR_TAIL_BYTES = 12288
 HELPER_SCAN_INTERVAL_S = 0.1
 """Codex's descendants are looked for at most this often while it prints (seconds)."""
+EXIT_POLL_INTERVAL_S = 0.05
+"""After stdout's EOF, how often Codex's exit status is looked at besides waiting for it (seconds)."""
 LOCK_RETRY_INTERVAL_S = 0.1
 """How often a run waiting for its thread's lock tries again (seconds)."""
-STDERR_DRAIN_TIMEOUT_S = 2.0
-"""After the run's processes are gone, how long stderr may take to reach EOF (seconds)."""
+EARLY_LOOK_MAX_AGE_S = 1.0
+"""An early look for other Codex processes on the thread older than this is done again (seconds)."""
+STDERR_DRAIN_TIMEOUT_S = 0.25
+"""After Codex's main process has exited, how long stderr may take to reach EOF before the run
+is judged on what it said so far (seconds; Codex's helpers write into pipes of their own, so
+stderr is normally at EOF by then)."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +193,39 @@ class CodexRunSettings:
 
 
 @dataclass(frozen=True)
+class EarlyLook:
+    """A look for other Codex processes on a thread, started ahead of its run (:func:`look_ahead`).
+
+    Attributes:
+        thread_ref: the thread's session id.
+        started_at: when the look started (monotonic seconds).
+        found: what :func:`~worker.local_agent.codex_guard.codex_processes_using` found; None when
+            it failed (the run looks again).
+    """
+
+    thread_ref: str
+    started_at: float
+    found: asyncio.Future[list[CodexProcess] | None]
+
+
+def look_ahead(thread_ref: str) -> EarlyLook:
+    """Starts looking, in a worker thread, for other Codex processes running ``thread_ref``, for a
+    run of it about to start (:func:`run_codex_turn`'s ``early_look``): the local agent starts it
+    while its StartTask call is on its way, so the look costs the turn nothing. Needs a running
+    event loop."""
+    thread_ref = thread_ref.strip()
+    return EarlyLook(thread_ref, time.monotonic(), asyncio.ensure_future(_look(thread_ref)))
+
+
+async def _look(thread_ref: str) -> list[CodexProcess] | None:
+    try:
+        return await asyncio.to_thread(codex_processes_using, thread_ref)
+    except Exception:
+        logger.exception("the early look for Codex processes on thread %s failed", thread_ref)
+        return None
+
+
+@dataclass(frozen=True)
 class CodexTurnResult:
     """How one turn ended.
 
@@ -204,6 +259,28 @@ class CodexThreadCreationError(Exception):
         self.result = result
 
 
+SETPRIV = "/usr/bin/setpriv"
+"""util-linux's setpriv, which sets the parent-death signal and then executes the command in place."""
+
+
+def parent_death_prefix(program: str, setpriv: str = SETPRIV) -> list[str]:
+    """The argv prefix that makes Codex die with the worker: ``setpriv --pdeathsig KILL --``, so the
+    kernel SIGKILLs Codex (the same process after the exec, same pid and process group) when the
+    worker that started it dies, even by SIGKILL, instead of leaving the turn running unowned.
+
+    Empty where that cannot work: not Linux (``prctl(PR_SET_PDEATHSIG)`` is Linux's), no setpriv,
+    or `program` not an executable file (then Codex is started directly, so a missing binary
+    still fails to start as could_not_start). The signal reaches the process setpriv becomes; for
+    the npm wrapper (a node script) that is node, not the native binary it starts, which is why
+    :func:`~worker.local_agent.codex_install.find_codex_binary` prefers the native binary.
+    """
+    if not sys.platform.startswith("linux") or not os.access(setpriv, os.X_OK):
+        return []
+    if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+        return []
+    return [setpriv, "--pdeathsig", "KILL", "--"]
+
+
 def resume_command(codex_bin: Path, thread_ref: str, settings: CodexRunSettings) -> list[str]:
     """The argv that resumes ``thread_ref`` with the message on stdin (see the module docstring)."""
     return [str(codex_bin), "exec", "resume", *_common_options(settings), thread_ref, "-"]
@@ -235,6 +312,8 @@ async def run_codex_turn(
     settings: CodexRunSettings | None = None,
     *,
     stop: asyncio.Event | None = None,
+    cleanups: LeftoverCleanups | None = None,
+    early_look: EarlyLook | None = None,
 ) -> CodexTurnResult:
     """Runs one turn of an existing thread and returns its reply or its classified failure.
 
@@ -242,6 +321,12 @@ async def run_codex_turn(
         request: the thread (session id and folder) and the message.
         settings: how to run Codex (defaults: :class:`CodexRunSettings`).
         stop: when set during the run, Codex is killed and the result is ``interrupted``.
+        cleanups: where to stop what Codex left running once it has exited, in the background
+            and holding the thread's lock until it is gone; None stops it before returning.
+            Runs sharing one ``cleanups`` wait for a thread's cleanup as for its lock.
+        early_look: a look for other Codex processes on the thread started ahead of the run
+            (:func:`look_ahead`); used instead of looking once more when the thread's lock was
+            free at once and the look is at most EARLY_LOOK_MAX_AGE_S old.
 
     Returns:
         The result; never raises for a failed run (see the module docstring).
@@ -273,9 +358,9 @@ async def run_codex_turn(
         return _refused(FailureKind.COULD_NOT_START, str(error), started, thread_ref)
     try:
         with contextlib.ExitStack() as held:
-            await _take_thread_lock(held, codex_home, thread_ref, settings.lock_wait_s)
-            ensure_thread_idle(thread_ref)
-            return await _run(
+            waited = await _take_thread_lock(held, codex_home, thread_ref, settings.lock_wait_s, cleanups)
+            ensure_thread_idle(thread_ref, None if waited else await _early_found(early_look, thread_ref))
+            result, leftovers = await _run(
                 resume_command(codex_bin, thread_ref, settings),
                 Path(request.codex_folder_ref),
                 request.message,
@@ -285,6 +370,11 @@ async def run_codex_turn(
                 stop=stop,
                 started=started,
             )
+            if cleanups is None:
+                await leftovers.stop()
+            else:
+                cleanups.start(thread_ref, leftovers, held.pop_all())
+            return result
     except ThreadBusyError as error:
         return _refused(FailureKind.THREAD_BUSY, str(error), started, thread_ref)
     except OSError as error:
@@ -292,49 +382,71 @@ async def run_codex_turn(
 
 
 async def _take_thread_lock(
-    held: contextlib.ExitStack, codex_home: Path, thread_ref: str, wait_s: float
-) -> None:
-    """Takes the thread's lock into `held`, retrying every LOCK_RETRY_INTERVAL_S for up to `wait_s`
-    seconds while another run holds it. Raises ThreadBusyError when it is still held then."""
+    held: contextlib.ExitStack,
+    codex_home: Path,
+    thread_ref: str,
+    wait_s: float,
+    cleanups: LeftoverCleanups | None,
+) -> bool:
+    """Takes the thread's lock into `held`, for up to `wait_s` seconds waiting for a cleanup of
+    the thread in `cleanups` and retrying every LOCK_RETRY_INTERVAL_S while another run holds it.
+    Returns whether it had to wait. Raises ThreadBusyError when it is still held then."""
     deadline = time.monotonic() + wait_s
+    waited = False
     while True:
+        if cleanups is not None and not await cleanups.idle(thread_ref, 0.0):
+            waited = True
+            await cleanups.idle(thread_ref, deadline - time.monotonic())
         try:
             held.enter_context(hold_thread_lock(codex_home, thread_ref))
-            return
+            return waited
         except ThreadBusyError:
             if time.monotonic() >= deadline:
                 raise
+            waited = True
             await asyncio.sleep(LOCK_RETRY_INTERVAL_S)
 
 
-async def create_codex_thread(
+async def _early_found(early_look: EarlyLook | None, thread_ref: str) -> list[CodexProcess] | None:
+    """What `early_look` found, when it is of this thread and fresh; None: look again now."""
+    if early_look is None or early_look.thread_ref != thread_ref:
+        return None
+    if time.monotonic() - early_look.started_at > EARLY_LOOK_MAX_AGE_S:
+        early_look.found.cancel()
+        return None
+    return await early_look.found
+
+
+async def start_codex_thread(
     folder: Path,
     first_message: str,
     settings: CodexRunSettings | None = None,
     *,
     stop: asyncio.Event | None = None,
-) -> str:
-    """Starts a new Codex thread in ``folder`` with ``first_message`` and returns its session id.
+) -> CodexTurnResult:
+    """Starts a new Codex thread in ``folder`` with ``first_message`` as its first turn and returns
+    the turn's result (its reply, and the new thread's ``codex_session_id``), or its classified
+    failure; never raises for a failed run.
 
-    The turn runs like :func:`run_codex_turn`'s (``codex exec --json`` instead of ``exec resume``);
-    its session file lands under the Codex home in force.
+    The turn runs like :func:`run_codex_turn`'s (``codex exec --json`` instead of ``exec resume``;
+    no thread lock, the thread is new), what it left running stopped before returning; its session
+    file lands under the Codex home in force.
 
     Raises:
-        CodexThreadCreationError: the turn failed or Codex reported no session; ``.result`` says why.
         asyncio.CancelledError: as :func:`run_codex_turn`.
     """
     settings = settings or CodexRunSettings()
     started = time.monotonic()
+    if stop is not None and stop.is_set():
+        return _refused(FailureKind.INTERRUPTED, "the run was stopped before Codex started", started, "")
     refusal = _check_folder(str(folder))
     if refusal:
-        raise CodexThreadCreationError(_refused(FailureKind.COULD_NOT_START, refusal, started, ""))
+        return _refused(FailureKind.COULD_NOT_START, refusal, started, "")
     try:
         codex_bin = settings.codex_bin or find_codex_binary()
     except CodexNotFoundError as error:
-        raise CodexThreadCreationError(
-            _refused(FailureKind.COULD_NOT_START, str(error), started, "")
-        ) from error
-    result = await _run(
+        return _refused(FailureKind.COULD_NOT_START, str(error), started, "")
+    result, leftovers = await _run(
         new_thread_command(codex_bin, settings),
         folder,
         first_message,
@@ -344,6 +456,25 @@ async def create_codex_thread(
         stop=stop,
         started=started,
     )
+    await leftovers.stop()
+    return result
+
+
+async def create_codex_thread(
+    folder: Path,
+    first_message: str,
+    settings: CodexRunSettings | None = None,
+    *,
+    stop: asyncio.Event | None = None,
+) -> str:
+    """Starts a new Codex thread in ``folder`` with ``first_message`` and returns its session id
+    (:func:`start_codex_thread`).
+
+    Raises:
+        CodexThreadCreationError: the turn failed or Codex reported no session; ``.result`` says why.
+        asyncio.CancelledError: as :func:`run_codex_turn`.
+    """
+    result = await start_codex_thread(folder, first_message, settings, stop=stop)
     if not result.succeeded or not result.codex_session_id:
         raise CodexThreadCreationError(result)
     return result.codex_session_id
@@ -386,10 +517,14 @@ async def _run(
     thread_ref: str,
     stop: asyncio.Event | None,
     started: float,
-) -> CodexTurnResult:
+) -> tuple[CodexTurnResult, Leftovers]:
+    """Runs Codex once; returns its result as soon as its main process has exited (stopped first
+    when the run was), and what it may have left running, for the caller to stop. Cancelled, it
+    kills everything and waits until it is gone before raising."""
     env = {**os.environ, **settings.extra_env, "CODEX_HOME": str(codex_home)}
     try:
         process = await asyncio.create_subprocess_exec(
+            *parent_death_prefix(argv[0]),
             *argv,
             cwd=cwd,
             env=env,
@@ -407,28 +542,32 @@ async def _run(
             CodexEvents(),
             start_error=f"Codex could not be started ({argv[0]}): {error.strerror or error}",
         )
-        return _result(facts, started)
+        return _result(facts, started), Leftovers(None, frozenset(), settings.kill_grace_s)
+    # Codex starts the turn once stdin is closed: the message goes out before anything else here,
+    # and whatever the pipe does not take at once while stdout is followed, so a Codex that never
+    # reads it counts as stalled.
+    writer = asyncio.create_task(_send_message(process, _written(process, message)))
     logger.debug("started codex pid %d for thread %s", process.pid, thread_ref or "(new)")
     stderr = StderrExcerpt()
-    # The message is written while stdout is followed, so a Codex that never reads it counts as stalled.
-    writer = asyncio.create_task(_send_message(process, message))
     stderr_reader = asyncio.create_task(_read_stderr(process, stderr))
     helper_groups: set[int] = set()
+    leftovers = Leftovers(process, frozenset(), settings.kill_grace_s, (writer, stderr_reader))
     try:
         ending, events = await _follow(process, settings, stop, started, helper_groups)
         if ending is RunEnding.EXITED:
             ending = await _wait_exit(process, started + settings.turn_timeout_s, stop)
-    except asyncio.CancelledError:
-        kill_group_now(process)
-        raise
-    finally:
-        writer.cancel()
-        if process.returncode is None or group_alive(process.pid):
+        leftovers.helper_groups = frozenset(helper_groups)
+        if process.returncode is None:
+            # Stalled, past the turn cap or stopped: Codex itself is gone before its result is.
             await stop_group(process, settings.kill_grace_s)
-        await stop_groups(helper_groups, settings.kill_grace_s)
+        writer.cancel()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(stderr_reader), STDERR_DRAIN_TIMEOUT_S)
-        stderr_reader.cancel()
+            async with asyncio.timeout(STDERR_DRAIN_TIMEOUT_S):
+                await asyncio.shield(stderr_reader)
+    except BaseException:
+        leftovers.helper_groups = frozenset(helper_groups)
+        await leftovers.kill()
+        raise
     exit_code = process.returncode
     facts = RunFacts(
         thread_ref,
@@ -448,7 +587,7 @@ async def _run(
         result.duration_s,
         result.failure_kind or "reply",
     )
-    return result
+    return result, leftovers
 
 
 def _result(facts: RunFacts, started: float) -> CodexTurnResult:
@@ -463,14 +602,25 @@ def _result(facts: RunFacts, started: float) -> CodexTurnResult:
     )
 
 
-async def _send_message(process: asyncio.subprocess.Process, message: str) -> None:
+def _written(process: asyncio.subprocess.Process, message: str) -> bool:
+    """Writes the message to Codex's stdin and closes it, without waiting: the pipe takes what
+    it can at once, the event loop sends the rest and then closes it. False when stdin is gone."""
     stdin = process.stdin
     if stdin is None:
-        return
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        return False
+    try:
         stdin.write(message.encode("utf-8"))
-        await stdin.drain()
-    stdin.close()
+        stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True
+
+
+async def _send_message(process: asyncio.subprocess.Process, written: bool) -> None:
+    """Waits until the stdin :func:`_written` wrote to is flushed and closed."""
+    stdin = process.stdin
+    if stdin is None or not written:
+        return
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         await stdin.wait_closed()
 
@@ -486,7 +636,8 @@ async def _follow(
 
     On stdout lines (at most every :data:`HELPER_SCAN_INTERVAL_S`) and at EOF, adds to
     ``helper_groups`` the process groups Codex's descendants moved to, so they can be stopped
-    after Codex is gone.
+    after Codex is gone (a :class:`~worker.local_agent.descendant_watch.DescendantWatch`: each
+    look reads only the processes that can have changed since the previous one).
     """
     assert process.stdout is not None
     events = CodexEvents()
@@ -494,6 +645,7 @@ async def _follow(
     last_line = time.monotonic()
     stop_waiter = asyncio.ensure_future(stop.wait()) if stop is not None else None
     reader: asyncio.Future[bytes] | None = None
+    watch = DescendantWatch(process.pid)
     scanned = 0.0
     try:
         while True:
@@ -515,7 +667,7 @@ async def _follow(
                 reader = None
                 now = time.monotonic()
                 if not line or now - scanned >= HELPER_SCAN_INTERVAL_S:
-                    helper_groups |= foreign_groups(process.pid)
+                    helper_groups |= watch.foreign_groups()
                     scanned = now
                 if not line:
                     return RunEnding.EXITED, events
@@ -534,9 +686,14 @@ async def _follow(
 async def _wait_exit(
     process: asyncio.subprocess.Process, deadline: float, stop: asyncio.Event | None
 ) -> RunEnding:
-    """After stdout's EOF: EXITED when the process exits, TIMED_OUT at ``deadline``, INTERRUPTED on stop."""
-    exited = asyncio.ensure_future(process.wait())
-    waiting: set[asyncio.Future[Any]] = {exited}
+    """After stdout's EOF: EXITED when the process exits, TIMED_OUT at ``deadline``, INTERRUPTED on stop.
+
+    ``process.wait()`` answers only once stderr is closed too, which a process Codex left behind
+    could delay: its exit status is also looked at every EXIT_POLL_INTERVAL_S."""
+    waiting: set[asyncio.Future[Any]] = {
+        asyncio.ensure_future(process.wait()),
+        asyncio.ensure_future(_returncode_set(process)),
+    }
     if stop is not None:
         waiting.add(asyncio.ensure_future(stop.wait()))
     try:
@@ -548,6 +705,11 @@ async def _wait_exit(
     if process.returncode is not None:
         return RunEnding.EXITED
     return RunEnding.INTERRUPTED if stop is not None and stop.is_set() else RunEnding.TIMED_OUT
+
+
+async def _returncode_set(process: asyncio.subprocess.Process) -> None:
+    while process.returncode is None:
+        await asyncio.sleep(EXIT_POLL_INTERVAL_S)
 
 
 class StderrExcerpt:

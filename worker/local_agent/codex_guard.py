@@ -115,14 +115,15 @@ def codex_processes_using(
     skip = exclude_pids | {os.getpid()}
     return [
         CodexProcess(pid, " ".join(argv))
-        for pid, argv in _processes()
+        for pid, argv in _processes(session_id)
         if pid not in skip and is_codex_command(argv, session_id)
     ]
 
 
-def ensure_thread_idle(session_id: str) -> None:
-    """Raises :class:`ThreadBusyError` naming the first other Codex process using the thread, if any."""
-    busy = codex_processes_using(session_id)
+def ensure_thread_idle(session_id: str, found: Sequence[CodexProcess] | None = None) -> None:
+    """Raises :class:`ThreadBusyError` naming the first other Codex process using the thread, if
+    any: of those ``found`` by an earlier :func:`codex_processes_using`, else of a look now."""
+    busy = codex_processes_using(session_id) if found is None else found
     if busy:
         first = busy[0]
         raise ThreadBusyError(
@@ -130,24 +131,41 @@ def ensure_thread_idle(session_id: str) -> None:
         )
 
 
-def _processes() -> Iterator[tuple[int, list[str]]]:
+def _processes(containing: str) -> Iterator[tuple[int, list[str]]]:
+    """Live processes as (pid, argv), at least those whose command line contains `containing`."""
     if sys.platform == "win32":
         return iter(())
-    if Path("/proc/self/cmdline").exists():
-        return _proc_processes()
+    if os.path.exists("/proc/self/cmdline"):
+        return _proc_processes(containing.encode("utf-8"))
     return _ps_processes()
 
 
-def _proc_processes() -> Iterator[tuple[int, list[str]]]:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+def _proc_processes(containing: bytes) -> Iterator[tuple[int, list[str]]]:
+    """The processes whose ``/proc/<pid>/cmdline`` contains `containing` (plain ``os`` calls, and
+    only those command lines decoded: this looks at every process before each turn)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
             continue
-        try:
-            raw = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if raw:
-            yield int(entry.name), raw.rstrip(b"\0").decode("utf-8", "replace").split("\0")
+        raw = _read_cmdline(f"/proc/{name}/cmdline")
+        if raw and containing in raw:
+            yield int(name), raw.rstrip(b"\0").decode("utf-8", "replace").split("\0")
+
+
+def _read_cmdline(path: str) -> bytes:
+    """The whole file, b"" when it cannot be read (the process is gone, or a kernel thread)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    chunks = []
+    try:
+        while chunk := os.read(descriptor, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return b""
+    finally:
+        os.close(descriptor)
+    return b"".join(chunks)
 
 
 def _ps_processes() -> Iterator[tuple[int, list[str]]]:

@@ -22,7 +22,7 @@ from enum import Enum
 import grpc
 from boss.scheduler.v1 import scheduler_pb2
 
-from services.shared.time import from_timestamp
+from boss_common.time import from_timestamp
 
 DEFAULT_LEASE_S = 30.0
 """Assumed lease length (seconds) when an answer carries no usable lease_expires_at."""
@@ -39,9 +39,13 @@ TRANSIENT_CODES = frozenset(
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
     }
 )
-"""Call failures worth retrying: the scheduler is unreachable, slow or busy."""
+"""Call failures worth retrying: the scheduler is unreachable, slow, busy, or stopping. A stopping
+gRPC server answers CANCELLED to calls it received but had not handed to a handler yet (gRPC issue
+41785): never handled, so safe to repeat. (This agent's own cancels raise CancelledError, not an
+RPC error.)"""
 
 LEASE_REFUSED_CODES = frozenset(
     {

@@ -9,7 +9,7 @@ what `GET .../messages` answers for that message. No I/O here: unit-tested with 
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from boss.conversations.v1 import conversations_pb2 as pb
 from google.protobuf import json_format
@@ -20,10 +20,17 @@ from services.bff_gateway.chat.schemas import (
     ChatTaskAnswer,
     ChatTaskView,
     CollaborationGateView,
+    ConfirmDispatchPlanAnswer,
+    DispatchLeftOutView,
+    DispatchPlanAnswer,
+    DispatchPlanView,
+    DispatchTargetView,
     GateStateName,
     MessagePage,
     MessageView,
+    PlanStatusName,
     SendMessageAnswer,
+    TargetStatusName,
     TaskStatusName,
     TaskTypeName,
 )
@@ -34,9 +41,12 @@ MessageT = TypeVar("MessageT", bound=Message)
 MESSAGE_CREATED = "conversation.message.created"
 TASK_UPDATED = "task.updated"
 TASK_REQUESTED = "task.requested"
-INTERNAL_EVENT_TYPES: frozenset[str] = frozenset({TASK_REQUESTED})
-"""Event types of the conversations stream that are never sent to SSE clients: `task.requested` is
-the scheduler's (it carries the instruction text and Codex references)."""
+TASK_CANCEL_REQUESTED = "task.cancel_requested"
+DISPATCH_PLAN_UPDATED = "dispatch_plan.updated"
+INTERNAL_EVENT_TYPES: frozenset[str] = frozenset({TASK_REQUESTED, TASK_CANCEL_REQUESTED})
+"""Event types of the conversations stream that are never sent to SSE clients: `task.requested` and
+`task.cancel_requested` are the scheduler's (the first carries the instruction text and Codex
+references); the client learns their outcome from `task.updated`."""
 
 
 def _optional(value: str) -> str | None:
@@ -104,26 +114,107 @@ def gate_view(gate: pb.CollaborationGate) -> CollaborationGateView:
 
 def send_message_answer(response: pb.PostMessageResponse) -> SendMessageAnswer:
     """The answer of a send: the stored message, `masterReply` (null unless set), `dispatchPlan`
-    (null: no plans in a thread chat), the task (null when none was created) and the gate."""
+    (a group's plan; null elsewhere), the task (null when none was created) and the gate."""
     return SendMessageAnswer(
         message=message_view(response.message),
         master_reply=response.master_reply if response.HasField("master_reply") else None,
-        dispatch_plan=None,
+        dispatch_plan=dispatch_plan_view(response.dispatch_plan)
+        if response.HasField("dispatch_plan")
+        else None,
         task=chat_task_view(response.task) if response.HasField("task") else None,
         collaboration_gate=gate_view(response.collaboration_gate),
     )
 
 
 def message_page(response: pb.ListMessagesResponse) -> MessagePage:
-    """A page of messages; `nextPageToken` null at the end."""
+    """A page of messages; `nextPageToken` null at the end; a group's pending plan and gate (null
+    for other projects)."""
     return MessagePage(
         messages=[message_view(message) for message in response.messages],
         next_page_token=_optional(response.next_page_token),
+        pending_dispatch_plan=dispatch_plan_view(response.pending_dispatch_plan)
+        if response.HasField("pending_dispatch_plan")
+        else None,
+        collaboration_gate=gate_view(response.collaboration_gate)
+        if response.HasField("collaboration_gate")
+        else None,
     )
 
 
-def chat_task_answer(response: pb.GetChatTaskResponse | pb.RetryChatTaskResponse) -> ChatTaskAnswer:
-    """A task and its project's gate (GetChatTask and RetryChatTask answer the same two fields)."""
+def dispatch_target_view(target: pb.DispatchTarget) -> DispatchTargetView:
+    """A plan's target as JSON: unset optional ids, budget and task are null."""
+    return DispatchTargetView(
+        target_id=target.target_id,
+        position=target.position,
+        kind=cast(Literal["member", "relay"], target.kind),
+        thread_id=target.thread_id,
+        thread_title=target.thread_title,
+        device_id=target.device_id,
+        codex_folder_ref=target.codex_folder_ref,
+        codex_thread_ref=_optional(target.codex_thread_ref),
+        instruction=target.instruction,
+        reason=target.reason,
+        remaining_pct=target.remaining_pct if target.budget_reported else None,
+        level=_optional(target.level),
+        relay_of_thread_id=_optional(target.relay_of_thread_id),
+        status=cast(TargetStatusName, target.status),
+        status_detail=_optional(target.status_detail),
+        task_id=_optional(target.task_id),
+        task_status=cast(TaskStatusName, target.task_status) if target.task_status else None,
+    )
+
+
+def dispatch_plan_view(plan: pb.DispatchPlan) -> DispatchPlanView:
+    """A dispatch plan as JSON. Raises pydantic.ValidationError for a status or kind this gateway
+    does not know (a newer server)."""
+    return DispatchPlanView(
+        plan_id=plan.plan_id,
+        project_id=plan.project_id,
+        request_message_id=plan.request_message_id,
+        status=cast(PlanStatusName, plan.status),
+        targets=[dispatch_target_view(target) for target in plan.targets],
+        left_out=[
+            DispatchLeftOutView(thread_id=left.thread_id, thread_title=left.thread_title, reason=left.reason)
+            for left in plan.left_out
+        ],
+        drafted_by=cast(Literal["master_model", "user_text"], plan.drafted_by or "user_text"),
+        drafting_note=_optional(plan.drafting_note),
+        created_at=_instant(plan, "created_at"),
+        expires_at=_instant(plan, "expires_at"),
+        decided_at=_instant(plan, "decided_at"),
+        updated_at=_instant(plan, "updated_at"),
+        superseded_by_plan_id=_optional(plan.superseded_by_plan_id),
+        summary_status=cast(Literal["pending", "posted"], plan.summary_status)
+        if plan.summary_status
+        else None,
+        summary_message_id=_optional(plan.summary_message_id),
+    )
+
+
+def dispatch_plan_answer(
+    response: pb.GetDispatchPlanResponse | pb.RejectDispatchPlanResponse,
+) -> DispatchPlanAnswer:
+    """A plan and its group's gate (GetDispatchPlan and RejectDispatchPlan answer the same fields)."""
+    return DispatchPlanAnswer(
+        dispatch_plan=dispatch_plan_view(response.dispatch_plan),
+        collaboration_gate=gate_view(response.collaboration_gate),
+    )
+
+
+def confirm_dispatch_plan_answer(response: pb.ConfirmDispatchPlanResponse) -> ConfirmDispatchPlanAnswer:
+    """The confirmed plan, its tasks and the gate."""
+    return ConfirmDispatchPlanAnswer(
+        dispatch_plan=dispatch_plan_view(response.dispatch_plan),
+        tasks=[chat_task_view(task) for task in response.tasks],
+        collaboration_gate=gate_view(response.collaboration_gate),
+    )
+
+
+def chat_task_answer(
+    response: pb.GetChatTaskResponse | pb.RetryChatTaskResponse | pb.CancelChatTaskResponse,
+) -> ChatTaskAnswer:
+    """A task and its project's gate (GetChatTask, RetryChatTask and CancelChatTask answer the same
+    two fields)."""
     return ChatTaskAnswer(
         task=chat_task_view(response.task), collaboration_gate=gate_view(response.collaboration_gate)
     )
@@ -139,7 +230,7 @@ def _parsed(value: Any, message: MessageT) -> MessageT:
     return message
 
 
-def _dumped(view: MessageView | ChatTaskView | CollaborationGateView) -> dict[str, Any]:
+def _dumped(view: MessageView | ChatTaskView | CollaborationGateView | DispatchPlanView) -> dict[str, Any]:
     """A view as the JSON REST answers carry (camelCase names, `Z` instants, nulls kept)."""
     return view.model_dump(mode="json", by_alias=True)
 
@@ -151,6 +242,8 @@ def client_event_data(event_type: str, payload: dict[str, Any]) -> dict[str, Any
     - `conversation.message.created`: `message` becomes the MessageView of `GET .../messages`.
     - `task.updated`: `task` becomes the ChatTaskView of `GET /api/v1/tasks/{id}`, and the payload's
       `collaboration_gate` becomes `collaborationGate` (the same view as there).
+    - `dispatch_plan.updated`: `dispatch_plan` becomes `dispatchPlan`, the DispatchPlanView of
+      `GET /api/v1/dispatch-plans/{id}`, and `collaboration_gate` becomes `collaborationGate`.
     - Every other type: the payload unchanged.
 
     Other keys of a payload (owner_id, project_id, ...) are kept. Raises
@@ -166,6 +259,15 @@ def client_event_data(event_type: str, payload: dict[str, Any]) -> dict[str, Any
         task = _parsed(payload.get("task"), pb.ChatTask())
         gate = _parsed(payload.get("collaboration_gate"), pb.CollaborationGate())
         data["task"] = _dumped(chat_task_view(task))
+        data["collaborationGate"] = _dumped(gate_view(gate))
+        return data
+    if event_type == DISPATCH_PLAN_UPDATED:
+        data = {
+            key: value for key, value in payload.items() if key not in ("dispatch_plan", "collaboration_gate")
+        }
+        plan = _parsed(payload.get("dispatch_plan"), pb.DispatchPlan())
+        gate = _parsed(payload.get("collaboration_gate"), pb.CollaborationGate())
+        data["dispatchPlan"] = _dumped(dispatch_plan_view(plan))
         data["collaborationGate"] = _dumped(gate_view(gate))
         return data
     return payload

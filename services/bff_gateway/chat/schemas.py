@@ -30,6 +30,9 @@ TaskStatusName = Literal[
     "queued", "claimed", "running", "completed", "failed", "timed_out", "cancelled", "expired"
 ]
 GateStateName = Literal["open", "awaiting_confirmation", "executing", "summarising"]
+PlanStatusName = Literal["proposed", "confirmed", "rejected", "expired", "superseded"]
+TargetStatusName = Literal["proposed", "dropped", "skipped", "dispatched"]
+MAX_DROPPED_TARGETS = 100
 
 
 def _not_blank(value: str) -> str:
@@ -165,12 +168,111 @@ class CollaborationGateView(ChatView):
     )
 
 
+class DispatchTargetView(ChatView):
+    """One thread a dispatch plan sends the group's message to."""
+
+    target_id: str = Field(description='"t1", "t2", ... best first; name it in `dropped_target_ids`.')
+    position: int = Field(ge=1)
+    kind: Literal["member", "relay"] = Field(
+        description="member: a thread of the group; relay: a new Codex thread in a member's folder (no "
+        "member could take new work)."
+    )
+    thread_id: str = Field(description="The member thread's id; a relay's is \"relay-...\" (not registered).")
+    thread_title: str
+    device_id: str = Field(description="The node that runs it.")
+    codex_folder_ref: str
+    codex_thread_ref: str | None = Field(description="Codex's session id; null for a relay (a new thread).")
+    instruction: str = Field(description="What the thread is sent: the master model's draft or your text.")
+    reason: str = Field(description="Why this thread, in words (level, budget left, idle or busy).")
+    remaining_pct: float | None = Field(
+        ge=0, le=100, description="Its budget at the proposal, percent left (null when not reported)."
+    )
+    level: str | None = Field(description="safe | watch at the proposal; null when not reported.")
+    relay_of_thread_id: str | None = Field(description="A relay's host member; null otherwise.")
+    status: TargetStatusName = Field(
+        description="proposed, dropped (by you), skipped (could no longer take work at the confirmation: "
+        "`statusDetail` says why), dispatched (its task was requested)."
+    )
+    status_detail: str | None
+    task_id: str | None = Field(description="Its dispatch_execution task once dispatched; null before.")
+    task_status: TaskStatusName | None = Field(description="That task's status; null before.")
+
+
+class DispatchLeftOutView(ChatView):
+    """A member the plan does not send the message to, and why."""
+
+    thread_id: str
+    thread_title: str
+    reason: str = Field(description='In words, e.g. "critical (3.2 % left): it wraps up and hands off first"')
+
+
+class DispatchPlanView(ChatView):
+    """The master agent's dispatch plan for a group message (CHAT-4; seed `dispatchPlan`)."""
+
+    plan_id: str
+    project_id: str = Field(description="The group.")
+    request_message_id: str = Field(description="The user message it answers.")
+    status: PlanStatusName = Field(
+        description="proposed -> confirmed | rejected | expired | superseded (a newer message replaced it)."
+    )
+    targets: list[DispatchTargetView]
+    left_out: list[DispatchLeftOutView]
+    drafted_by: Literal["master_model", "user_text"]
+    drafting_note: str | None = Field(
+        description="Why your text is used although a model was asked (it failed, was late, or answered "
+        "something unusable); null otherwise."
+    )
+    created_at: datetime | None
+    expires_at: datetime | None = Field(description="Confirm before this (UTC).")
+    decided_at: datetime | None
+    updated_at: datetime | None
+    superseded_by_plan_id: str | None
+    summary_status: Literal["pending", "posted"] | None = Field(
+        description="null while tasks run (or before the confirmation); pending: every task ended and "
+        "the master agent summarises; posted: `summaryMessageId` is the summary."
+    )
+    summary_message_id: str | None
+
+
+class DispatchPlanAnswer(ChatView):
+    """A plan and its group's collaboration gate (get and reject answers)."""
+
+    dispatch_plan: DispatchPlanView
+    collaboration_gate: CollaborationGateView
+
+
+class ConfirmDispatchPlanBody(BaseModel):
+    """Body of `POST /api/v1/dispatch-plans/{plan_id}/confirm` (optional: no body keeps every target)."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"dropped_target_ids": ["t2"]}]}
+    )
+
+    dropped_target_ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=MAX_DROPPED_TARGETS,
+        description="Targets not to send to (their targetId); at least one target must be kept.",
+    )
+
+
+class ConfirmDispatchPlanAnswer(ChatView):
+    """The confirmed plan, its dispatch_execution tasks (plan order) and the group's gate."""
+
+    dispatch_plan: DispatchPlanView
+    tasks: list[ChatTaskView]
+    collaboration_gate: CollaborationGateView
+
+
 class SendMessageAnswer(ChatView):
     """Answer of a send (CHAT-5): the seed's four fields plus the stored message."""
 
     message: MessageView
     master_reply: str | None = Field(description="The master agent's inline reply; null in a thread chat.")
-    dispatch_plan: None = Field(description="A group chat's dispatch plan; null in a thread chat.")
+    dispatch_plan: DispatchPlanView | None = Field(
+        description="A group's dispatch plan for the message, waiting for your confirmation "
+        "(`collaborationGate.state` awaiting_confirmation); null elsewhere, and when no thread could "
+        "take the message (the master agent's message says why)."
+    )
     task: ChatTaskView | None = Field(description="The task created for the message; null when none was.")
     collaboration_gate: CollaborationGateView
 
@@ -180,6 +282,14 @@ class MessagePage(ChatView):
 
     messages: list[MessageView]
     next_page_token: str | None = Field(description="Pass as page_token for the next page; null at the end.")
+    pending_dispatch_plan: DispatchPlanView | None = Field(
+        default=None,
+        description="Groups: the dispatch plan waiting for your confirmation (the client's "
+        "pending_dispatch_plan state after a reconnect or restart); null when none waits.",
+    )
+    collaboration_gate: CollaborationGateView | None = Field(
+        default=None, description="Groups: where the group stands; null for other projects."
+    )
 
 
 class ChatTaskAnswer(ChatView):

@@ -1,12 +1,15 @@
 // Boss web console: hash-routed views over the gateway's REST API, kept live by one EventSource.
 // Every percent and level shown comes from the server (CB-2); the home list, the project detail and
-// the thread page render the same `percent` and `level` fields with the same ring (CB-16, CB-19).
-// A single thread's project page carries its chat (chat_view.js).
+// the thread page render the same `percent`, `level` and `awaiting_reading_after_compaction` fields
+// with the same ring (CB-16, CB-19).
+// A project page carries its chat (chat_view.js): a single thread's, the master agent's, or a
+// group's with its dispatch plans (group_view.js).
 "use strict";
 
 const TOKEN_KEY = "boss.token";
 const state = { token: "", lastEventId: "", source: null, reconnectTimer: null, route: null, refreshTimer: null,
-  rendering: 0, missedWhileRendering: [], replaying: false, threadTitles: new Map(), chat: null };
+  rendering: 0, missedWhileRendering: [], replaying: false, threadTitles: new Map(), chat: null, newGroup: null,
+  pairingCode: null };
 
 function takeToken() {
   const params = new URLSearchParams(location.search);
@@ -61,8 +64,13 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-// The ring: neutral grey arc proportional to the percent, the percent as text beside it.
-function ring(percent, level, visible, threadId) {
+// A compaction reported before Codex's next response: nothing is measured yet.
+const AWAITING_READING = "compacted, waiting for the first reading";
+
+// The ring: neutral grey arc proportional to the percent, the percent as text beside it. While the
+// thread is "compacted, waiting for the first reading" (`awaiting`) its percent is a placeholder,
+// not a measurement: the ring shows an empty track and "compacted" until the next real reading.
+function ring(percent, level, visible, threadId, awaiting) {
   const radius = 9, length = 2 * Math.PI * radius;
   const svgNs = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(svgNs, "svg");
@@ -76,15 +84,17 @@ function ring(percent, level, visible, threadId) {
   }
   const label = el("span", { class: "percent" });
   const node = el("span", { class: "ring", "data-thread-id": threadId || "" }, svg, label);
-  node.update = (p, l, v) => {
+  node.update = (p, l, v, a) => {
+    const compacted = Boolean(v && a);
     node.hidden = !v;
-    node.dataset.percent = String(p);
+    node.dataset.percent = compacted ? "" : String(p);
     node.dataset.level = l || "";
-    node.title = v ? `${p}% context left (${l})` : "";
-    label.textContent = v ? `${p}%` : "";
-    svg.querySelector(".arc").setAttribute("stroke-dasharray", `${(length * p) / 100} ${length}`);
+    node.dataset.awaiting = String(compacted);
+    node.title = compacted ? AWAITING_READING : v ? `${p}% context left (${l})` : "";
+    label.textContent = compacted ? "compacted" : v ? `${p}%` : "";
+    svg.querySelector(".arc").setAttribute("stroke-dasharray", `${compacted ? 0 : (length * p) / 100} ${length}`);
   };
-  node.update(percent, level, visible);
+  node.update(percent, level, visible, awaiting);
   return node;
 }
 
@@ -113,10 +123,12 @@ async function renderHome(view) {
           el("div", { class: "sub" }, row.conversation_type.replace("_", " "),
             row.latest_reply_at ? [" · ", timeEl(row.latest_reply_at)] : "")),
         row.manual_pinned ? el("span", { class: "pin" }, "pinned") : null,
-        ring(indicator.percent, indicator.level, indicator.visible, row.context_budget_thread_id))));
+        ring(indicator.percent, indicator.level, indicator.visible, row.context_budget_thread_id,
+          indicator.awaiting_reading_after_compaction))));
   }
-  view.replaceChildren(el("h1", {}, "Conversations"),
-    page.conversations.length ? list : emptyHome(tokenOwner(state.token)));
+  // The "New group" form (group_view.js) stays in place through re-renders, as the chat's send box.
+  showAround(view, groupForm(page.conversations), [el("h1", {}, "Conversations"),
+    page.conversations.length ? list : emptyHome(tokenOwner(state.token))], []);
 }
 
 // The owner a client token acts for, read from the token's payload for display only (the server
@@ -145,15 +157,31 @@ function emptyHome(owner) {
     el("p", { class: "sub" }, "Its Codex threads appear here as soon as it reports them (see the README)."));
 }
 
+// Where the thread's compaction point (Codex's auto-compact limit) comes from.
+const LIMIT_SOURCES = {
+  configured: "set in Codex's config.toml",
+  model_default: "Codex's default for the model",
+  assumed: "assumed: Codex's settings for it could not be read",
+};
+
+// The "Left" figure of a thread's budget summary.
+function budgetText(c) {
+  if (!c.reported) return "not reported";
+  if (c.awaiting_reading_after_compaction) return AWAITING_READING;
+  return `${c.percent}% (${c.level})`;
+}
+
 function threadRow(context) {
   return el("li", { "data-thread-id": context.thread_id },
     el("a", { href: "#/threads/" + encodeURIComponent(context.thread_id) },
       el("div", { class: "grow" },
         el("div", { class: "title" }, context.title || context.thread_id),
         el("div", { class: "sub" }, `${context.node_id} · ${context.level || "not reported"}`,
+          context.awaiting_reading_after_compaction ? ` · ${AWAITING_READING}` : "",
           context.must_finish_before_compaction ? " · must finish before compaction" : "",
           context.handoff_status !== "none" ? ` · handoff ${context.handoff_status}` : "")),
-      ring(context.percent, context.level, context.reported, context.thread_id)));
+      ring(context.percent, context.level, context.reported, context.thread_id,
+        context.awaiting_reading_after_compaction)));
 }
 
 async function renderProject(view, projectId) {
@@ -165,16 +193,18 @@ async function renderProject(view, projectId) {
     el("div", { class: "summary", id: "strategy" }, project.master_context_strategy_summary));
   const threadList = el("section", {}, el("h2", {}, "Threads"),
     el("div", { class: "sub", id: "risk" }, riskText(project, state.threadTitles)), threads);
-  if (project.conversation_type !== "single_device") {
+  if (!CHAT_KINDS[project.conversation_type]) {
     dropChat();
     view.replaceChildren(heading, strategy, threadList);
     return;
   }
-  // A single thread's project is its conversation: the chat (chat_view.js) under the thread's row.
+  // Every project is a conversation: the chat (chat_view.js) under its threads' rows (the master
+  // agent's project lists a thread only when the master agent runs in a Codex thread of its own).
   const chat = chatFor(project);
   await syncChat(chat);
   const opening = chat.node.parentNode !== view;
-  showAround(view, chat.node, [heading, threadList], [strategy]);
+  const before = project.active_thread_contexts.length ? [heading, threadList] : [heading];
+  showAround(view, chat.node, before, [strategy]);
   if (opening) showLatest(chat);
 }
 
@@ -204,9 +234,10 @@ async function renderThread(view, threadId) {
   const page = await api("/api/v1/threads/" + encodeURIComponent(threadId) + "/context-summary");
   const c = page.context;
   view.replaceChildren(
-    el("h1", { "data-thread-id": page.thread_id }, page.title, " ", ring(c.percent, c.level, c.reported, page.thread_id)),
+    el("h1", { "data-thread-id": page.thread_id }, page.title, " ", ring(c.percent, c.level, c.reported, page.thread_id, c.awaiting_reading_after_compaction)),
     el("section", {}, el("h2", {}, "Context budget"), el("dl", { id: "budget" },
-      el("dt", {}, "Left"), el("dd", { id: "budget-percent" }, c.reported ? `${c.percent}% (${c.level})` : "not reported"),
+      el("dt", {}, "Left"), el("dd", { id: "budget-percent" }, budgetText(c)),
+      el("dt", {}, "Compaction point"), el("dd", { id: "budget-limit" }, LIMIT_SOURCES[c.compaction_limit_source] || "not reported"),
       el("dt", {}, "Node"), el("dd", {}, page.node_id),
       el("dt", {}, "Expected compaction"), el("dd", {}, timeEl(c.compaction_expected_at)),
       el("dt", {}, "Last compaction"), el("dd", {}, timeEl(c.last_compaction_at)),
@@ -243,6 +274,7 @@ function parseRoute() {
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   if (parts[0] === "projects" && parts[1]) return { name: "project", id: parts[1] };
   if (parts[0] === "threads" && parts[1]) return { name: "thread", id: parts[1] };
+  if (parts[0] === "devices") return { name: "devices" };
   return { name: "home" };
 }
 
@@ -269,6 +301,7 @@ async function render() {
   try {
     if (state.route.name === "project") await renderProject(view, state.route.id);
     else if (state.route.name === "thread") await renderThread(view, state.route.id);
+    else if (state.route.name === "devices") await renderDevices(view);
     else await renderHome(view);
   } catch (error) {
     if (error.status === 401) localStorage.removeItem(TOKEN_KEY);
@@ -298,9 +331,9 @@ function refreshSoon() {
 
 // --- live updates -------------------------------------------------------------------------------------
 
-function updateRings(threadId, percent, level, visible) {
+function updateRings(threadId, percent, level, visible, awaiting) {
   for (const node of document.querySelectorAll(`.ring[data-thread-id="${CSS.escape(threadId)}"]`)) {
-    node.update(percent, level, visible);
+    node.update(percent, level, visible, awaiting);
   }
 }
 
@@ -310,12 +343,12 @@ const handlers = {
     const indicator = data.context_budget_indicator;
     if (row) {
       row.dataset.threadId = data.thread_id;
-      row.update(indicator.percent, indicator.level, indicator.visible);
+      row.update(indicator.percent, indicator.level, indicator.visible, indicator.awaiting_reading_after_compaction);
     }
   },
   "project.context_risk.updated"(data) {
     const c = data.thread_context;
-    updateRings(c.thread_id, c.percent, c.level, c.reported);
+    updateRings(c.thread_id, c.percent, c.level, c.reported, c.awaiting_reading_after_compaction);
     const route = state.route || {};
     if (route.name === "project" && (route.id === data.project_id || document.querySelector(`h1[data-project-id="${CSS.escape(data.project_id)}"]`))) {
       const strategy = document.getElementById("strategy");
@@ -336,6 +369,7 @@ const handlers = {
     chatMessageCreated(data);
   },
   "task.updated"(data) { chatTaskUpdated(data); },
+  "dispatch_plan.updated"(data) { chatPlanUpdated(data); },
   "thread.registered"() { if ((state.route || {}).name === "home") refreshSoon(); },
   "stream.opened"() { refreshSoon(); },
   "stream.resync"() {

@@ -1,9 +1,11 @@
-// Boss web console: the chat on a single-thread project page (CHAT-3, CHAT-6): the history, a send
-// box and, under each message, where its task stands, kept live by the page's EventSource and
-// caught up with `GET .../messages?after=<last sequence>` and `GET /api/v1/tasks/{id}` on load, on
-// every stream (re)connect and every CHAT_POLL_MS while a task is unfinished, so a reload or a lost
-// stream still ends in the reply or the failure. Uses app.js's `state`, `api`, `el`, `timeEl` and
-// `withTimes` (called only after every script has loaded) and chat.js's rules.
+// Boss web console: the chat of a project page (CHAT-2, CHAT-3, CHAT-4, CHAT-6): a single thread's,
+// the master agent's or a group's. The history, a send box and, under each message, where its task
+// stands (in a group: the dispatch plan it got, group_view.js), kept live by the page's EventSource
+// and caught up with `GET .../messages?after=<last sequence>`, `GET /api/v1/tasks/{id}` (and a
+// group's plans) on load, on every stream (re)connect and every CHAT_POLL_MS while something is
+// unfinished, so a reload or a lost stream still ends in the reply, the plan card or the failure.
+// Uses app.js's `state`, `api`, `el`, `timeEl` and `withTimes` and group_view.js's plan functions
+// (called only after every script has loaded) and chat.js's rules.
 "use strict";
 
 const DRAFT_KEY = "boss.chat.draft.";
@@ -12,17 +14,33 @@ const CHAT_POLL_MS = 15000;
 const CHAT_TASK_LIMIT = 20;
 const AUTHOR_NAMES = { user: "you", master: "master agent", system: "Boss" };
 
-// The chat of `project` (a single_device project detail): the one in state.chat when it is the
-// same project (its section, send box and focus survive a re-render of the page), else a new one.
-function chatFor(project) {
+// Which chat a project's conversation_type has: a thread's, the master agent's or a group's.
+const CHAT_KINDS = { single_device: "thread", master_agent: "master", group: "group" };
+
+// Who answers in a chat, for its task lines: `thread` names who works on a message, `device` where
+// it waits (a task that names no device: the master agent's model answers it).
+function chatNames(project, kind) {
+  if (kind === "master") return { thread: "the master agent", device: "the master agent" };
+  if (kind === "group") return { thread: project.project_title, device: "" };
   const thread = project.active_thread_contexts[0] || {};
-  const names = { thread: thread.title || thread.thread_id || project.project_title, device: thread.node_id || "" };
+  return { thread: thread.title || thread.thread_id || project.project_title, device: thread.node_id || "" };
+}
+
+// The chat of `project` (a project detail of a single_device, master_agent or group project): the
+// one in state.chat when it is the same project (its section, send box and focus survive a
+// re-render of the page), else a new one.
+function chatFor(project) {
+  const kind = CHAT_KINDS[project.conversation_type] || "thread";
+  const names = chatNames(project, kind);
   if (state.chat && state.chat.projectId === project.project_id) {
     state.chat.names = names;
     return state.chat;
   }
   dropChat();
-  const chat = { projectId: project.project_id, names, messages: [], tasks: new Map(), gates: new Map(),
+  // A group's chat also keeps its dispatch plans by id, the targets the person dropped (plan id ->
+  // Set of target ids), each plan's last refusal in words, the plans being decided and the gate.
+  const chat = { projectId: project.project_id, kind, names, messages: [], tasks: new Map(), gates: new Map(),
+    plans: new Map(), drops: new Map(), planErrors: new Map(), planBusy: new Set(), gate: null,
     syncing: null, syncAgain: false, pollTimer: null, sending: false };
   buildChatSection(chat);
   state.chat = chat;
@@ -40,6 +58,7 @@ function forgetChatHistory(chat) {
   chat.messages = [];
   chat.tasks.clear();
   chat.gates.clear();
+  chat.plans.clear();
 }
 
 // The chat shown for `projectId`, or null.
@@ -47,15 +66,28 @@ function chatOn(projectId) {
   return state.chat && projectId && state.chat.projectId === projectId ? state.chat : null;
 }
 
+// What the empty chat says, by kind: where a message goes.
+function emptyChatText(chat) {
+  if (chat.kind === "master") {
+    return "No messages yet: ask the master agent about your threads (their budgets, what they are doing, which is close to compaction).";
+  }
+  if (chat.kind === "group") {
+    return "No messages yet: for what you send, the master agent proposes which threads get it and why; nothing is sent before you confirm.";
+  }
+  return `No messages yet: what you send goes to ${chat.names.thread} on its device.`;
+}
+
 function buildChatSection(chat) {
   const text = el("textarea", { name: "text", rows: 2, maxlength: 100000, "aria-label": "message",
-    placeholder: `Message ${chat.names.thread}` });
+    placeholder: chat.kind === "master" ? "Ask the master agent" : `Message ${chat.names.thread}` });
   text.value = loadDraft(chat.projectId).text || "";
   const button = el("button", { type: "submit" }, "Send");
   const error = el("div", { class: "send-error", id: "send-error", role: "alert", hidden: true });
+  // A group's gate (a plan waits, executing k of N, summarising) is said above the send box.
+  const gateLine = el("div", { class: "gate", id: "gate", hidden: true });
   // The send box stays at the bottom of the screen while the history scrolls; a send's error is
   // shown inside it, where the person is looking.
-  const form = el("form", { class: "composer", id: "composer" }, error, text, button);
+  const form = el("form", { class: "composer", id: "composer" }, gateLine, error, text, button);
   text.addEventListener("input", () => {
     saveDraft(chat.projectId, text.value, "");
     showChatError(chat, "");
@@ -72,14 +104,15 @@ function buildChatSection(chat) {
     sendDraft(chat);
   });
   Object.assign(chat, {
-    text, button, form,
+    text, button, form, gateLine,
     list: el("ol", { class: "messages", id: "messages" }),
-    empty: el("div", { class: "sub", id: "chat-empty" }, `No messages yet: what you send goes to ${chat.names.thread} on its device.`),
+    empty: el("div", { class: "sub", id: "chat-empty" }, emptyChatText(chat)),
     notice: el("div", { class: "sub notice", id: "chat-notice", hidden: true }),
     error,
   });
-  chat.node = el("section", { class: "chat", id: "chat", "data-project-id": chat.projectId },
-    el("h2", {}, "Chat"), chat.list, chat.empty, chat.notice, form);
+  chat.node = el("section", { class: "chat", id: "chat", "data-project-id": chat.projectId, "data-kind": chat.kind },
+    el("h2", {}, chat.kind === "master" ? "Chat with the master agent" : chat.kind === "group" ? "Group chat" : "Chat"),
+    chat.list, chat.empty, chat.notice, form);
 }
 
 // --- drafts: the text being written and, once a send was tried, its client_message_id ------------
@@ -133,10 +166,13 @@ async function sendDraft(chat) {
   chat.text.value = "";
   showChatError(chat, "");
   if (answer.task) storeTask(chat, answer.task, answer.collaborationGate);
+  if (chat.kind === "group") storePlan(chat, answer.dispatchPlan, answer.collaborationGate);
   const merged = mergeMessages(chat.messages, [messageOf(answer.message)]);
   chat.messages = merged.messages;
   drawChat(chat, true);
-  if (merged.gap) syncChat(chat);
+  // The master agent's inline reply (masterReply) is stored as its message already, and a group
+  // message no thread can take gets the master agent's message at once: fetch what follows.
+  if (merged.gap || resultMissing(chat) || (chat.kind === "group" && !answer.dispatchPlan)) syncChat(chat);
   else schedulePoll(chat, false);
 }
 
@@ -159,6 +195,7 @@ function setSending(chat, sending, resend) {
   chat.text.readOnly = sending;
   chat.button.disabled = sending;
   chat.button.textContent = sending ? "Sending…" : resend ? "Send again" : "Send";
+  if (chat.kind === "group") drawGate(chat); // a group's send waits for the plan's drafts
 }
 
 function showChatError(chat, text) {
@@ -179,6 +216,22 @@ async function retryTask(chat, taskId, button) {
     schedulePoll(chat, false);
   } catch (error) {
     showChatError(chat, `could not retry: ${error.message}`);
+    syncChat(chat);
+  }
+}
+
+// Asks the server to cancel a task that has not started; the outcome (cancelled, or "it runs to its
+// end" when Codex started it meanwhile) comes as a task.updated event or on the next poll.
+async function cancelTask(chat, taskId, button) {
+  button.disabled = true;
+  button.textContent = "Cancelling…";
+  try {
+    const answer = await api(`/api/v1/tasks/${encodeURIComponent(taskId)}/cancel`, undefined, "POST");
+    storeTask(chat, answer.task, answer.collaborationGate);
+    showChatError(chat, "");
+    schedulePoll(chat, false);
+  } catch (error) {
+    showChatError(chat, `could not cancel: ${error.message}`);
     syncChat(chat);
   }
 }
@@ -210,6 +263,7 @@ function syncChat(chat) {
         chat.syncAgain = false;
         await fetchNewMessages(chat);
         await fetchOpenTasks(chat);
+        if (chat.kind === "group") await fetchOpenPlans(chat);
         if (resultMissing(chat)) await fetchNewMessages(chat);
       } while (chat.syncAgain && state.chat === chat);
       chat.notice.hidden = true;
@@ -233,6 +287,8 @@ async function fetchNewMessages(chat) {
     const page = await api(`/api/v1/projects/${encodeURIComponent(chat.projectId)}/messages?after=${after}`);
     const incoming = (page.messages || []).map(messageOf);
     chat.messages = mergeMessages(chat.messages, incoming).messages;
+    // A group's page names the plan that waits for the person and where the group stands.
+    if (chat.kind === "group") storePlan(chat, page.pendingDispatchPlan, page.collaborationGate);
     if (!incoming.length || !page.nextPageToken || lastSequence(chat.messages) <= after) return;
   }
 }
@@ -256,11 +312,11 @@ function resultMissing(chat) {
   return [...chat.tasks.values()].some((t) => isTerminal(t.status) && t.resultMessageId && !known.has(t.resultMessageId));
 }
 
-// Polls again in CHAT_POLL_MS while a user message's task is unfinished (or the last sync failed):
-// a backstop for a stream that stays silent.
+// Polls again in CHAT_POLL_MS while a user message's task or a group's plan is unfinished (or the
+// last sync failed): a backstop for a stream that stays silent.
 function schedulePoll(chat, failed) {
   clearTimeout(chat.pollTimer);
-  const open = chat.messages.some((m) => {
+  const open = groupOpen(chat) || chat.messages.some((m) => {
     const current = m.authorKind === "user" && currentTask(m, chat.tasks);
     return current && current.task && !isTerminal(current.task.status);
   });
@@ -289,7 +345,9 @@ function chatTaskUpdated(data) {
   const raw = data.task || {};
   const chat = chatOn(data.project_id || raw.projectId || raw.project_id);
   if (!chat) return;
-  const task = storeTask(chat, raw, data.collaborationGate || data.collaboration_gate);
+  const gate = data.collaborationGate || data.collaboration_gate;
+  const task = storeTask(chat, raw, gate);
+  if (chat.kind === "group" && gate) chat.gate = gate;
   drawChat(chat, false);
   const retryUnknown = task.retryOfTaskId && !chat.tasks.has(task.retryOfTaskId);
   if (retryUnknown || resultMissing(chat)) syncChat(chat);
@@ -304,6 +362,7 @@ function drawChat(chat, follow) {
   const ended = new Set(chat.messages.filter((m) => m.authorKind !== "user" && m.taskId).map((m) => m.taskId));
   chat.list.replaceChildren(...chat.messages.map((m) => messageItem(chat, m, ended)));
   chat.empty.hidden = chat.messages.length > 0;
+  if (chat.kind === "group") drawGate(chat);
   if (follow && chat.messages.length > before) showLatest(chat);
 }
 
@@ -313,17 +372,23 @@ function showLatest(chat) {
   if (last && last.scrollIntoView) last.scrollIntoView({ block: "nearest" });
 }
 
+// Who wrote a message, in words: a thread by its title (a group's result is named by its thread).
+function authorName(chat, message) {
+  if (message.authorKind !== "thread") return AUTHOR_NAMES[message.authorKind] || message.authorKind;
+  return state.threadTitles.get(message.threadId) || (chat.kind === "group" ? targetTitle(chat, message) : "") ||
+    (chat.kind === "thread" ? chat.names.thread : message.threadId || "a thread");
+}
+
 function messageItem(chat, message, ended) {
-  const author = message.authorKind === "thread"
-    ? state.threadTitles.get(message.threadId) || chat.names.thread
-    : AUTHOR_NAMES[message.authorKind] || message.authorKind;
   const item = el("li", { class: "message", "data-author": message.authorKind, "data-message-id": message.messageId,
-    "data-sequence": message.sequence, "data-task-id": message.taskId || null },
+    "data-sequence": message.sequence, "data-task-id": message.taskId || null, "data-thread-id": message.threadId || null,
+    "data-summary-of": chat.kind === "group" ? summaryOf(chat, message) : null },
   el("div", { class: "bubble" }, message.text),
-  el("div", { class: "meta" }, author, " · ", timeEl(message.createdAt)));
+  el("div", { class: "meta" }, authorName(chat, message), " · ", timeEl(message.createdAt)));
   const line = message.authorKind === "user" ? requestLine(chat, message, ended)
     : message.authorKind === "system" ? outcomeLine(chat, message) : null;
   if (line) item.append(line);
+  if (chat.kind === "group" && message.authorKind === "user") item.append(...planCards(chat, message));
   return item;
 }
 
@@ -355,6 +420,11 @@ function stateLine(chat, task, view, detail) {
   if (view.retryable) {
     const button = el("button", { type: "button", class: "retry", "data-task-id": task.taskId }, "Retry");
     button.addEventListener("click", () => retryTask(chat, task.taskId, button));
+    line.append(button);
+  }
+  if (view.cancellable) {
+    const button = el("button", { type: "button", class: "cancel", "data-task-id": task.taskId }, "Cancel");
+    button.addEventListener("click", () => cancelTask(chat, task.taskId, button));
     line.append(button);
   }
   return line;

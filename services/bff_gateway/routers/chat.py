@@ -15,8 +15,10 @@ read (request_body.py). Another owner's project or task is 404, as an unknown on
 Conversations' errors come back as problem+json: 422 naming `text`, `client_message_id` or `after`;
 404 PROJECT_NOT_FOUND / TASK_NOT_FOUND; 409 with the reason: THREAD_METADATA_INCOMPLETE (with
 `missing_fields` and one `errors` entry per missing field; nothing is stored), THREAD_ARCHIVED,
-CHAT_PATH_NOT_AVAILABLE (the master agent's and group projects: not built yet; nothing is stored),
-CLIENT_MESSAGE_ID_REUSED (the key was used for another message), TASK_NOT_RETRYABLE.
+CHAT_PATH_NOT_AVAILABLE (group projects: not built yet; the master agent's project without a
+backend configured; nothing is stored),
+CLIENT_MESSAGE_ID_REUSED (the key was used for another message), TASK_NOT_RETRYABLE,
+TASK_NOT_CANCELLABLE.
 """
 
 from __future__ import annotations
@@ -85,6 +87,11 @@ async def send_message(
     current task (the latest retry, once retried), never a second task. The thread's reply (or a
     system message saying what failed) arrives as a `conversation.message.created` event and in
     `GET .../messages`; `task.updated` events and `GET /api/v1/tasks/{taskId}` follow the task.
+
+    `master-agent` (CHAT-2): the master agent answers instead of a thread; with the openai_api
+    backend `masterReply` holds its answer when it came within the inline wait (the task is then
+    completed), otherwise the task is queued or running and the `master` message follows; with
+    master_codex_node the task runs in the master's own Codex thread.
 
     Errors: 422 naming `text` (empty, whitespace only, over 100,000 characters) or
     `client_message_id`; 404 PROJECT_NOT_FOUND; 409 THREAD_METADATA_INCOMPLETE (`missing_fields`),
@@ -178,5 +185,26 @@ async def retry_task(task_id: TaskId, request: Request, caller: CallerDep) -> Ch
     _authorise(caller, SCOPE_CONVERSATIONS_WRITE)
     answer = await conversations_client(request).call(
         "RetryChatTask", pb.RetryChatTaskRequest(task_id=task_id), caller.token
+    )
+    return chat_task_answer(answer)
+
+
+@router.post(
+    "/api/v1/tasks/{task_id}/cancel",
+    response_model=ChatTaskAnswer,
+    status_code=202,
+    summary="Cancel a task that has not started",
+    responses=error_responses(401, 403, 404, 409, 422, 502, 503),
+)
+async def cancel_task(task_id: TaskId, request: Request, caller: CallerDep) -> ChatTaskAnswer:
+    """202 `{task, collaborationGate}` for a queued or claimed task: the cancel is on its way to the
+    scheduler, and the task as it is now (still queued or claimed). The outcome follows as a
+    `task.updated` event (and on `GET /api/v1/tasks/{taskId}`): status cancelled with one system
+    message, or, when Codex started the task meanwhile, a `statusDetail` saying it runs to its end.
+    A repeat answers the same; a task cancelled already answers it as is. 409 TASK_NOT_CANCELLABLE
+    for a task that is running or has ended; 404 TASK_NOT_FOUND."""
+    _authorise(caller, SCOPE_CONVERSATIONS_WRITE)
+    answer = await conversations_client(request).call(
+        "CancelChatTask", pb.CancelChatTaskRequest(task_id=task_id), caller.token
     )
     return chat_task_answer(answer)

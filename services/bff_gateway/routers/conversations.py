@@ -31,9 +31,11 @@ from fastapi import APIRouter, FastAPI, Path, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from google.protobuf.timestamp_pb2 import Timestamp
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from services.bff_gateway.auth import CallerDep
+from services.bff_gateway.chat.mapping import dispatch_plan_view, gate_view
+from services.bff_gateway.chat.schemas import CollaborationGateView, DispatchPlanView
 from services.bff_gateway.clients import ChannelSlot, health_status
 from services.bff_gateway.mapping import projection_checklist_item
 from services.bff_gateway.problems import ProblemError, error_responses, problem_for_rpc_error
@@ -42,6 +44,7 @@ from services.bff_gateway.schemas import ChecklistItemView
 from services.bff_gateway.state import GatewayDep
 from services.shared import config
 from services.shared.auth import SCOPE_CONVERSATIONS_READ, SCOPE_CONVERSATIONS_WRITE, bearer_metadata
+from services.shared.identifiers import control_character_problem
 from services.shared.time import from_timestamp
 
 CONVERSATIONS_SERVICE = pb.DESCRIPTOR.services_by_name["ConversationsService"].full_name
@@ -54,6 +57,7 @@ router = APIRouter(tags=["conversations"])
 ConversationTypeName = Literal["master_agent", "single_device", "group"]
 LevelName = Literal["safe", "watch", "urgent", "critical", ""]
 HandoffStatusName = Literal["none", "required", "ready"]
+CompactionLimitSourceName = Literal["configured", "model_default", "assumed"]
 
 _TYPE_NAMES: dict[int, ConversationTypeName] = {
     pb.CONVERSATION_TYPE_MASTER_AGENT: "master_agent",
@@ -72,6 +76,14 @@ class ContextBudgetIndicatorView(BaseModel):
     style: Literal["ring_percent"] = "ring_percent"
     percent: int = Field(ge=0, le=100, description="Whole percent of usable context left (rounded down).")
     level: LevelName = Field(description="safe | watch | urgent | critical; empty when not visible.")
+    awaiting_reading_after_compaction: bool = Field(
+        default=False,
+        description=(
+            "Codex compacted the shown thread after its last reading and has not answered since: "
+            "'compacted, waiting for the first reading'. The percent (100) is then a placeholder, not "
+            "a measurement: show 'compacted' instead until the next real reading sets this false."
+        ),
+    )
 
 
 class ConversationView(BaseModel):
@@ -115,6 +127,16 @@ class ThreadContextSummaryView(BaseModel):
     compaction_expected_at: datetime | None
     last_compaction_at: datetime | None
     compaction_count: int = Field(ge=0)
+    awaiting_reading_after_compaction: bool = Field(
+        default=False,
+        description=(
+            "Codex compacted the thread after its last reading: 'compacted, waiting for the first "
+            "reading' (the percent is then 100, not a measurement)."
+        ),
+    )
+    compaction_limit_source: CompactionLimitSourceName | None = Field(
+        default=None, description="Where the auto-compact limit came from; null when not reported."
+    )
     updated_at: datetime | None
     handoff_status: HandoffStatusName
 
@@ -126,6 +148,15 @@ class ProjectDetailView(ConversationView):
     next_compaction_risk_thread_id: str
     threads_requiring_handoff: list[str]
     master_context_strategy_summary: str
+    pending_dispatch_plan: DispatchPlanView | None = Field(
+        default=None,
+        description="Groups: the dispatch plan waiting for confirmation (the resource of "
+        "GET /api/v1/dispatch-plans/{planId}, camelCase), so a client returns to "
+        "pending_dispatch_plan after a reconnect or restart; null when none waits.",
+    )
+    collaboration_gate: CollaborationGateView | None = Field(
+        default=None, description="Groups: where the group stands (camelCase, as on the chat routes)."
+    )
 
 
 class ThreadPageView(BaseModel):
@@ -151,11 +182,22 @@ class ThreadPageView(BaseModel):
     archived: bool
 
 
+def _title_characters(title: str) -> str:
+    """Refuses a title holding a control or bidirectional formatting character, as conversations
+    does (services/shared/identifiers.py), so the 422 names the body's own field."""
+    if (problem := control_character_problem(title)) is not None:
+        raise ValueError(problem)
+    return title
+
+
+ProjectTitle = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_title_characters)]
+
+
 class CreateGroupBody(BaseModel):
     """A new group project from at least two of the caller's threads."""
 
     model_config = ConfigDict(extra="forbid")
-    project_title: str = Field(min_length=1, max_length=200)
+    project_title: ProjectTitle
     thread_ids: list[Annotated[str, Field(min_length=1, max_length=ID_MAX_LENGTH)]] = Field(
         min_length=2, max_length=100
     )
@@ -165,7 +207,7 @@ class RenameBody(BaseModel):
     """A new title."""
 
     model_config = ConfigDict(extra="forbid")
-    project_title: str = Field(min_length=1, max_length=200)
+    project_title: ProjectTitle
 
 
 # --- proto -> JSON ---------------------------------------------------------------------------------
@@ -192,6 +234,7 @@ def conversation_view(row: pb.Conversation) -> dict[str, Any]:
             visible=indicator.visible,
             percent=indicator.percent,
             level=indicator.level,  # type: ignore[arg-type]
+            awaiting_reading_after_compaction=indicator.awaiting_reading_after_compaction,
         ),
         "context_budget_source_node_id": row.context_budget_source_node_id,
         "context_budget_updated_at": _instant(row, "context_budget_updated_at"),
@@ -216,6 +259,8 @@ def summary_view(summary: pb.ThreadContextSummary) -> ThreadContextSummaryView:
         compaction_expected_at=_instant(summary, "compaction_expected_at"),
         last_compaction_at=_instant(summary, "last_compaction_at"),
         compaction_count=summary.compaction_count,
+        awaiting_reading_after_compaction=summary.awaiting_reading_after_compaction,
+        compaction_limit_source=summary.compaction_limit_source or None,  # type: ignore[arg-type]
         updated_at=_instant(summary, "updated_at"),
         handoff_status=summary.handoff_status or "none",  # type: ignore[arg-type]
     )
@@ -229,6 +274,12 @@ def detail_view(detail: pb.ProjectDetail) -> ProjectDetailView:
         next_compaction_risk_thread_id=detail.next_compaction_risk_thread_id,
         threads_requiring_handoff=list(detail.threads_requiring_handoff),
         master_context_strategy_summary=detail.master_context_strategy_summary,
+        pending_dispatch_plan=dispatch_plan_view(detail.pending_dispatch_plan)
+        if detail.HasField("pending_dispatch_plan")
+        else None,
+        collaboration_gate=gate_view(detail.collaboration_gate)
+        if detail.HasField("collaboration_gate")
+        else None,
     )
 
 
@@ -267,6 +318,7 @@ class ConversationsClient:
     slot: ChannelSlot
     timeout_seconds: float = 5.0
     retry_after_seconds: int = 5
+    send_timeout_seconds: float = 30.0
 
     def stub(self) -> pb_grpc.ConversationsServiceStub:
         """A stub on the (lazily opened) channel."""
@@ -277,10 +329,12 @@ class ConversationsClient:
         return await health_status(self.slot, CONVERSATIONS_SERVICE, timeout_seconds)
 
     async def call(self, method: str, request: Any, token: str) -> Any:
-        """Invokes unary `method` with `request`; maps gRPC errors to problems."""
+        """Invokes unary `method` with `request` (deadline `timeout_seconds`; PostMessage, which may
+        wait for the master model, `send_timeout_seconds`); maps gRPC errors to problems."""
+        timeout = self.send_timeout_seconds if method == "PostMessage" else self.timeout_seconds
         try:
             return await getattr(self.stub(), method)(
-                request, metadata=bearer_metadata(token), timeout=self.timeout_seconds
+                request, metadata=bearer_metadata(token), timeout=timeout
             )
         except grpc.aio.AioRpcError as error:
             raise problem_for_rpc_error(
@@ -303,16 +357,18 @@ def install(app: FastAPI, channel: grpc.aio.Channel | None = None) -> None:
         channel: a channel to conversations owned by the caller; None opens one on first use to
             BOSS_CONVERSATIONS_ADDRESS (default 127.0.0.1:50053).
     """
-    from services.bff_gateway.routers import chat, events
+    from services.bff_gateway.routers import chat, devices, dispatch_plans, events
 
     settings = app.state.gateway.settings
     slot = ChannelSlot(target=config.service_address("conversations"), channel=channel)
     app.state.conversations = ConversationsClient(
-        slot, settings.rpc_timeout_seconds, settings.retry_after_seconds
+        slot, settings.rpc_timeout_seconds, settings.retry_after_seconds, settings.send_timeout_seconds
     )
     app.state.event_hub = events.EventHub(app.state.conversations, app.state.gateway.authority)
     app.include_router(router)
     app.include_router(chat.router)
+    app.include_router(dispatch_plans.router)
+    app.include_router(devices.router)
     app.include_router(events.router)
     app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
 
@@ -413,7 +469,7 @@ async def create_group(request: Request, caller: CallerDep) -> ProjectDetailView
     openapi_extra=json_body_openapi(RenameBody),
 )
 async def rename_project(project_id: ProjectId, request: Request, caller: CallerDep) -> ConversationView:
-    """Sets `project_title` (1-200 characters)."""
+    """Sets `project_title` (1-200 characters, no control or bidirectional formatting characters)."""
     # The scope before the body: a token without it is 403 whatever it sends (request_body.py).
     caller.require(SCOPE_CONVERSATIONS_WRITE)
     body = await read_json_body(request, RenameBody)

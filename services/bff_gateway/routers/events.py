@@ -14,9 +14,14 @@ exactly the events after n, nothing missed, nothing repeated. Rules:
 
 - Auth: `Authorization: Bearer` or `?access_token=` (EventSource cannot set headers); the token
   needs "events:read". A client sees only its own owner's events.
-- A Last-Event-ID that is not a non-negative integer is 400 problem+json. One beyond the stream's
-  head (e.g. after the database was reset) gets a `stream.resync` event: refetch everything, then
-  continue from the `id` it carries. Never a silent gap.
+- A Last-Event-ID that is not a non-negative integer in ASCII digits is 400 problem+json. A
+  resume (a Last-Event-ID) while conversations cannot be reached is 503 with Retry-After before
+  the stream starts, never a 200 stream that is cut at once. One beyond the stream's
+  head (e.g. after the database was reset) gets a `stream.resync` event (`reason`
+  "last_event_id_unknown"), and so does one whose following events retention has pruned (`reason`
+  "history_pruned": the client was away longer than the outbox keeps events,
+  services/shared/retention.py): refetch everything, then continue from the `id` it carries.
+  Never a silent gap.
 - A fresh connect starts with a `stream.opened` event whose id is the current head, so the browser
   has a resume point even before the first real event.
 - Heartbeat: a `: ping` comment every 15 s (proxies drop idle connections; WHATWG §9.2.7).
@@ -47,6 +52,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from google.protobuf import json_format
 
+from boss_common.reconnection import Reconnection
 from services.bff_gateway.chat.mapping import INTERNAL_EVENT_TYPES, client_event_data
 from services.bff_gateway.problems import (
     ProblemError,
@@ -57,7 +63,7 @@ from services.bff_gateway.problems import (
 )
 from services.shared.auth import SCOPE_EVENTS_READ, Principal, TokenAuthority, bearer_metadata
 from services.shared.errors import BossError
-from services.shared.reconnection import Reconnection
+from services.shared.retention import EVENTS_PRUNED
 from services.shared.time import from_timestamp, isoformat_utc
 
 log = logging.getLogger(__name__)
@@ -154,6 +160,10 @@ class Subscriber:
             self.overflowed = True
 
 
+HUB_MAX_RECONNECT_SECONDS = 0.33
+"""Most seconds the hub waits before trying conversations' stream again (jitter adds up to half)."""
+
+
 class EventHub:
     """Follows the conversations stream once per process and fans it out to SSE subscribers.
 
@@ -226,7 +236,9 @@ class EventHub:
         self.position = event.sequence
 
     async def _follow(self) -> None:
-        reconnection = Reconnection()
+        # At most half a second between attempts: SSE clients wait on this stream, so it must be
+        # back within a second of conversations (the channel's own back-off is capped as well).
+        reconnection = Reconnection(max_delay=HUB_MAX_RECONNECT_SECONDS)
         while True:
             reconnection.attempt_started()
             try:
@@ -242,6 +254,16 @@ class EventHub:
                 raise
             except grpc.aio.AioRpcError as error:
                 delay = reconnection.ended(log, "conversations event stream", error.code())
+                if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    # EVENTS_PRUNED: the hub was cut off for longer than conversations keeps events.
+                    # Its clients reconnect and resync (their Last-Event-ID is pruned too); the hub
+                    # starts again from the head.
+                    log.warning(
+                        "conversations no longer keeps events after %d: resyncing clients", self.position
+                    )
+                    self.close_subscribers()
+                    with contextlib.suppress(ProblemError):
+                        self.position = await self._head()
             except Exception:
                 delay = reconnection.next_delay()
                 log.exception("conversations event stream failed; retrying in %.1f s", delay)
@@ -290,7 +312,9 @@ def _parse_last_event_id(header: str | None, query: str | None) -> int | None:
     if raw in (None, ""):
         return None
     text = str(raw).strip()
-    if not text.isdigit() or len(text) > 19:
+    # ASCII digits only: str.isdigit() also accepts other scripts' digits and superscripts, which
+    # int() then turns into a number or refuses (a 500).
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
         field_name = "Last-Event-ID" if header not in (None, "") else "last_event_id"
         raise invalid_request(
             field_name, f"must be a non-negative integer event id, got {raw!r}", reason="BAD_LAST_EVENT_ID"
@@ -298,16 +322,33 @@ def _parse_last_event_id(header: str | None, query: str | None) -> int | None:
     return int(text)
 
 
-async def _backfill(client: Any, token: str, after: int, until: int) -> AsyncIterator[bytes]:
+def resync_frame(sequence: int, reason: str, last_event_id: int, head: int) -> bytes:
+    """A `stream.resync` event: the client refetches everything and continues after `sequence`."""
+    return sse_frame(
+        sequence, "stream.resync", {"reason": reason, "last_event_id": last_event_id, "head_sequence": head}
+    )
+
+
+async def _backfill(
+    client: Any, token: str, after: int, until: int, first_page: Any = None
+) -> AsyncIterator[bytes]:
     """Frames of the caller's events in (after, until], read page by page with the caller's token;
     one chunk of frames per page. (Frame by frame, a replay to a client that has gone wrote hundreds
     of times into the closed socket before the event loop could notice the disconnect, each write
-    logging a warning.)"""
+    logging a warning.) When events after `after` are no longer kept (EVENTS_PRUNED), the one frame
+    is a `stream.resync` to `until` instead. `first_page`: the page after `after`, read already."""
     cursor = after
     while cursor < until:
-        page = await client.call(
-            "ListEvents", pb.ListEventsRequest(after_sequence=cursor, page_size=BACKFILL_PAGE), token
-        )
+        try:
+            page = first_page or await client.call(
+                "ListEvents", pb.ListEventsRequest(after_sequence=cursor, page_size=BACKFILL_PAGE), token
+            )
+        except ProblemError as error:
+            if error.reason != EVENTS_PRUNED:
+                raise
+            yield resync_frame(until, "history_pruned", after, until)
+            return
+        first_page = None
         events = [hub_event(envelope) for envelope in page.events if envelope.sequence <= until]
         frames = [event.frame for event in events if event.for_clients]
         if frames:
@@ -351,18 +392,22 @@ async def stream_events(
     owner = principal.owner_id if principal.kind == "client" else None
     subscriber, position = hub.subscribe(owner)
     head = position
-    if resume_from is not None and resume_from > position:
+    first_page = None
+    if resume_from is not None:
+        # Asked before the 200: a resume while conversations is down is a clean 503 (Retry-After),
+        # not a stream that starts and is cut.
         try:
-            head = int(
-                (
-                    await client.call(
-                        "ListEvents", pb.ListEventsRequest(after_sequence=0, page_size=1), token
-                    )
-                ).head_sequence
+            first_page = await client.call(
+                "ListEvents",
+                pb.ListEventsRequest(after_sequence=min(resume_from, position), page_size=BACKFILL_PAGE),
+                token,
             )
-        except ProblemError:
-            hub.unsubscribe(subscriber)
-            raise
+        except ProblemError as error:
+            if error.reason != EVENTS_PRUNED:
+                hub.unsubscribe(subscriber)
+                raise
+        else:
+            head = max(position, int(first_page.head_sequence))
     heartbeat = float(getattr(request.app.state, "sse_heartbeat_seconds", HEARTBEAT_SECONDS))
 
     async def frames() -> AsyncIterator[bytes]:
@@ -372,14 +417,10 @@ async def stream_events(
             if resume_from is None:
                 yield sse_frame(position, "stream.opened", {"head_sequence": position})
             elif resume_from > head:
-                yield sse_frame(
-                    max(head, position),
-                    "stream.resync",
-                    {"reason": "last_event_id_unknown", "last_event_id": resume_from, "head_sequence": head},
-                )
+                yield resync_frame(max(head, position), "last_event_id_unknown", resume_from, head)
                 cursor = max(head, position)
             elif resume_from < position:
-                async for frame in _backfill(client, token, resume_from, position):
+                async for frame in _backfill(client, token, resume_from, position, first_page):
                     yield frame
             else:
                 cursor = resume_from
@@ -388,7 +429,8 @@ async def stream_events(
                     log.warning("SSE client fell %d events behind; closing so it resumes", QUEUE_LIMIT)
                     return
                 try:
-                    event = await asyncio.wait_for(subscriber.queue.get(), heartbeat)
+                    async with asyncio.timeout(heartbeat):
+                        event = await subscriber.queue.get()
                 except TimeoutError:
                     yield b": ping\n\n"
                     continue

@@ -55,8 +55,10 @@ async def report_thread_context(
 
     Needs a worker token (scope context:report) bound to the body's worker_id and node_id; the token
     is forwarded, and context_budget checks the binding again. Answered only after the snapshot
-    committed; a re-sent snapshot is answered with `duplicate: true`, an older one with
-    `superseded: true`.
+    committed; a re-sent snapshot (the very same reading) is answered with `duplicate: true`, an
+    older one with `superseded: true`. 409 (SNAPSHOT_ID_REUSED, naming `snapshot_id`) for a
+    different reading under a stored snapshot_id; 403 (THREAD_BOUND_TO_OTHER_DEVICE) for a thread
+    that belongs to another device. Nothing is stored then.
     """
     # The scope and the path's worker before the body: a token that may not report for this
     # worker is 403 whatever it sends; the binding to the body's node needs the body.

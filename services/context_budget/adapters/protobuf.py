@@ -16,6 +16,7 @@ from services.context_budget.domain.model import (
     Alert,
     AlertStatus,
     AlertType,
+    CompactionLimitSource,
     ContextBudgetLevel,
     MasterAction,
     Snapshot,
@@ -40,6 +41,11 @@ SOURCE_KIND_NUMBERS: dict[SourceKind, pb.SourceKind] = {
     SourceKind.CODEX_APP_SERVER: pb.SOURCE_KIND_CODEX_APP_SERVER,
     SourceKind.CODEX_SDK: pb.SOURCE_KIND_CODEX_SDK,
     SourceKind.WORKER_ESTIMATOR: pb.SOURCE_KIND_WORKER_ESTIMATOR,
+}
+LIMIT_SOURCE_NUMBERS: dict[CompactionLimitSource, pb.CompactionLimitSource] = {
+    CompactionLimitSource.CONFIGURED: pb.COMPACTION_LIMIT_SOURCE_CONFIGURED,
+    CompactionLimitSource.MODEL_DEFAULT: pb.COMPACTION_LIMIT_SOURCE_MODEL_DEFAULT,
+    CompactionLimitSource.ASSUMED: pb.COMPACTION_LIMIT_SOURCE_ASSUMED,
 }
 MASTER_ACTION_NUMBERS: dict[MasterAction, pb.MasterAction] = {
     MasterAction.REFRESH_STAGE_SUMMARY: pb.MASTER_ACTION_REFRESH_STAGE_SUMMARY,
@@ -114,6 +120,8 @@ def snapshot_input_of(message: pb.ThreadContextSnapshot) -> SnapshotInput:
         codex_context_left_pct=message.codex_context_left_pct if has("codex_context_left_pct") else None,
         must_finish_reason=message.must_finish_reason,
         codex_folder=message.codex_folder,
+        compaction_limit_source=message.compaction_limit_source,
+        awaiting_reading_after_compaction=message.awaiting_reading_after_compaction,
     )
 
 
@@ -144,6 +152,12 @@ def snapshot_message(snapshot: Snapshot) -> pb.ThreadContextSnapshot:
         codex_context_left_pct=snapshot.codex_context_left_pct,
         must_finish_reason=snapshot.must_finish_reason,
         codex_folder=snapshot.codex_folder,
+        compaction_limit_source=(
+            pb.COMPACTION_LIMIT_SOURCE_UNSPECIFIED
+            if snapshot.compaction_limit_source is None
+            else LIMIT_SOURCE_NUMBERS[snapshot.compaction_limit_source]
+        ),
+        awaiting_reading_after_compaction=snapshot.awaiting_reading_after_compaction,
     )
     message.captured_at.FromDatetime(snapshot.captured_at)
     if snapshot.compaction_expected_at is not None:

@@ -37,6 +37,7 @@ from services.context_budget.domain.model import (
     Alert,
     AlertStatus,
     AlertType,
+    CompactionLimitSource,
     ContextBudgetLevel,
     Snapshot,
     SourceKind,
@@ -101,12 +102,25 @@ _READING_COLUMNS: tuple[tuple[str, str], ...] = (
     ("codex_context_left_pct", "int4"),
     ("codex_folder", "text"),
 )
-_SNAPSHOT_COLUMNS = (*_READING_COLUMNS, ("superseded", "bool"), ("received_at", "timestamptz"))
+# Added by migration 0003, so last in both reading tables (in `_limit_values` order).
+_LIMIT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("compaction_limit_source", "text"),
+    ("awaiting_reading_after_compaction", "bool"),
+)
+_LIMIT_NAMES = ", ".join(name for name, _type in _LIMIT_COLUMNS)
+_SNAPSHOT_COLUMNS = (
+    *_READING_COLUMNS,
+    ("superseded", "bool"),
+    ("received_at", "timestamptz"),
+    *_LIMIT_COLUMNS,
+)
 _STATE_COLUMNS = (
     *_READING_COLUMNS,
     ("level_alert_id", "text"),
     ("compaction_risk_alert_id", "text"),
     ("updated_at", "timestamptz"),
+    ("owner_id", "text"),
+    *_LIMIT_COLUMNS,
 )
 _ALERT_COLUMNS = (
     ("alert_id", "text"),
@@ -128,6 +142,9 @@ _HEAD_COLUMNS = (
     "compaction_count",
     "level_alert_id",
     "compaction_risk_alert_id",
+    "owner_id",
+    "node_id",
+    "worker_id",
 )
 
 
@@ -162,6 +179,12 @@ def _reading_values(snapshot: Snapshot, level: ContextBudgetLevel) -> tuple[Any,
     )
 
 
+def _limit_values(snapshot: Snapshot) -> tuple[Any, ...]:
+    """A reading's `_LIMIT_COLUMNS` values, in order."""
+    source = snapshot.compaction_limit_source
+    return (None if source is None else source.value, snapshot.awaiting_reading_after_compaction)
+
+
 # A reading as the small-batch write receives it: flagged when it is its thread's new current row,
 # with that row's alert ids.
 _FLAGGED_READING_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -170,6 +193,8 @@ _FLAGGED_READING_COLUMNS: tuple[tuple[str, str], ...] = (
     ("is_current", "bool"),
     ("level_alert_id", "text"),
     ("compaction_risk_alert_id", "text"),
+    ("owner_id", "text"),
+    *_LIMIT_COLUMNS,
 )
 _FLAGGED_READING_NAMES = tuple(name for name, _type in _FLAGGED_READING_COLUMNS)
 
@@ -207,6 +232,7 @@ async def _copy_rows(
 
 
 def _head_of(row: Sequence[Any]) -> ThreadHead:
+    """A head from `_HEAD_COLUMNS` values in order."""
     captured_at: datetime = row[2]
     return ThreadHead(
         level=ContextBudgetLevel(row[1]),
@@ -215,23 +241,29 @@ def _head_of(row: Sequence[Any]) -> ThreadHead:
         compaction_count=row[4],
         level_alert_id=row[5],
         compaction_risk_alert_id=row[6],
+        device=(row[7], row[8], row[9]),
     )
 
 
 def _snapshot_of(row: RowMapping) -> Snapshot:
     reported = row["reported_context_budget_level"]
+    limit_source = row["compaction_limit_source"]
     return Snapshot(
         snapshot_id=row["snapshot_id"],
         thread_id=row["thread_id"],
         source_kind=SourceKind(row["source_kind"]),
         reported_level=None if reported is None else ContextBudgetLevel(reported),
+        compaction_limit_source=None if limit_source is None else CompactionLimitSource(limit_source),
+        awaiting_reading_after_compaction=bool(row["awaiting_reading_after_compaction"]),
         **{name: row[name] for name in _READING_FIELDS},
     )
 
 
 def _state_of(row: RowMapping) -> ThreadState:
+    snapshot = _snapshot_of(row)
+    snapshot.owner_id = row["owner_id"]
     return ThreadState(
-        snapshot=_snapshot_of(row),
+        snapshot=snapshot,
         level=ContextBudgetLevel(row["context_budget_level"]),
         level_alert_id=row["level_alert_id"],
         compaction_risk_alert_id=row["compaction_risk_alert_id"],
@@ -287,16 +319,22 @@ class SqlAlchemyContextRepository:
         upsert = dialect_insert(table)
         excluded = upsert.excluded
         # The guard keeps a newer current row when another process raced us (domain/ingest.py: an
-        # older reading never overwrites a newer one).
+        # older reading never overwrites a newer one), and never hands the thread to another device
+        # (two devices reporting one new thread at once in two processes: the first row stays).
         self._upsert_state = upsert.on_conflict_do_update(
             index_elements=[table.c.thread_id],
             set_={c.name: excluded[c.name] for c in table.columns if c.name != "thread_id"},
-            where=or_(
-                table.c.captured_at < excluded.captured_at,
-                and_(
-                    table.c.captured_at == excluded.captured_at,
-                    table.c.snapshot_version < excluded.snapshot_version,
+            where=and_(
+                or_(
+                    table.c.captured_at < excluded.captured_at,
+                    and_(
+                        table.c.captured_at == excluded.captured_at,
+                        table.c.snapshot_version < excluded.snapshot_version,
+                    ),
                 ),
+                table.c.owner_id == excluded.owner_id,
+                table.c.node_id == excluded.node_id,
+                table.c.worker_id == excluded.worker_id,
             ),
         )
         policy_upsert = dialect_insert(thread_context_threshold_policies)
@@ -313,11 +351,12 @@ class SqlAlchemyContextRepository:
             f"WITH heads AS (SELECT {', '.join(_HEAD_COLUMNS)} FROM thread_contexts "
             "WHERE thread_id = ANY(%b::text[]) ORDER BY thread_id FOR UPDATE) "
             "SELECT 1, thread_id, context_budget_level, captured_at, snapshot_version, compaction_count, "
-            "level_alert_id, compaction_risk_alert_id, NULL::float8, NULL::float8, NULL::float8 FROM heads "
-            "UNION ALL SELECT 2, snapshot_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL "
-            "FROM thread_context_snapshots WHERE snapshot_id = ANY(%b::text[]) "
-            "UNION ALL SELECT 3, project_id, NULL, updated_at, NULL, NULL, NULL, NULL, safe_min_pct, "
-            "watch_min_pct, urgent_min_pct FROM thread_context_threshold_policies "
+            "level_alert_id, compaction_risk_alert_id, owner_id, node_id, worker_id, "
+            "NULL::float8, NULL::float8, NULL::float8 FROM heads "
+            "UNION ALL SELECT 2, snapshot_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+            "NULL, NULL, NULL FROM thread_context_snapshots WHERE snapshot_id = ANY(%b::text[]) "
+            "UNION ALL SELECT 3, project_id, NULL, updated_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+            "safe_min_pct, watch_min_pct, urgent_min_pct FROM thread_context_threshold_policies "
             "WHERE project_id = ANY(%b::text[])"
         )
         # Created when missing in every ingest transaction (cheap when it exists), so it survives a
@@ -333,10 +372,13 @@ class SqlAlchemyContextRepository:
         # order; thread_id is set to itself), which keeps the upserts run on their own under
         # psycopg's 4,096-character query cache limit (MAX_CACHED_STATEMENT_LENGTH), over which it
         # parses a statement anew on every execution.
+        # As on SQLite, the guard keeps a newer row and the thread's device.
         on_conflict = (
             f" ON CONFLICT (thread_id) DO UPDATE SET ({names}) = ROW(EXCLUDED.*)"
             " WHERE (thread_contexts.captured_at, thread_contexts.snapshot_version)"
             " < (EXCLUDED.captured_at, EXCLUDED.snapshot_version)"
+            " AND (thread_contexts.owner_id, thread_contexts.node_id, thread_contexts.worker_id)"
+            " = (EXCLUDED.owner_id, EXCLUDED.node_id, EXCLUDED.worker_id)"
         )
         self._pg_merge_staging = (
             f"INSERT INTO thread_contexts ({names}) SELECT {names} FROM {_STAGING_TABLE} ORDER BY thread_id"
@@ -357,14 +399,15 @@ class SqlAlchemyContextRepository:
             ("incoming", f"SELECT * FROM json_to_recordset(%(readings)s::json) AS t({definitions})"),
             (
                 "history",
-                f"INSERT INTO thread_context_snapshots ({reading}, superseded, received_at) "
-                f"SELECT {reading}, superseded, %(received_at)b::timestamptz FROM incoming RETURNING 1",
+                f"INSERT INTO thread_context_snapshots ({reading}, superseded, received_at, {_LIMIT_NAMES}) "
+                f"SELECT {reading}, superseded, %(received_at)b::timestamptz, {_LIMIT_NAMES} FROM incoming "
+                "RETURNING 1",
             ),
             (
                 "current_rows",
                 f"INSERT INTO thread_contexts ({names}) SELECT {reading}, level_alert_id, "
-                "compaction_risk_alert_id, %(received_at)b::timestamptz FROM incoming WHERE is_current "
-                f"ORDER BY thread_id{on_conflict} RETURNING 1",
+                "compaction_risk_alert_id, %(received_at)b::timestamptz, owner_id, "
+                f"{_LIMIT_NAMES} FROM incoming WHERE is_current ORDER BY thread_id{on_conflict} RETURNING 1",
             ),
         )
         snapshot_names = ", ".join(name for name, _type in _SNAPSHOT_COLUMNS)
@@ -380,13 +423,15 @@ class SqlAlchemyContextRepository:
         thread_ids: Collection[str],
         snapshot_ids: Collection[str],
         project_ids: Collection[str],
-    ) -> tuple[dict[str, ThreadHead], set[str], dict[str, ThresholdPolicy]]:
-        """What ingest needs before planning a batch, in one round trip on PostgreSQL:
+    ) -> tuple[dict[str, ThreadHead], dict[str, Snapshot], dict[str, ThresholdPolicy]]:
+        """What ingest needs before planning a batch, in one round trip on PostgreSQL (two when
+        some snapshot ids are stored already):
 
         - the heads of `thread_ids` that have a current state, by thread_id; on PostgreSQL their rows
           stay locked until commit (taken in thread_id order), so concurrent writers of one thread
           in several processes serialise and each sees the other's committed row;
-        - which of `snapshot_ids` are stored already;
+        - the stored readings of those of `snapshot_ids` that are stored already, by snapshot_id
+          (to tell an exact repeat from a different reading under a reused id);
         - the stored policies of `project_ids` and the stored default ("" key), by project_id.
         """
         ordered = sorted(thread_ids)
@@ -397,26 +442,36 @@ class SqlAlchemyContextRepository:
                 select(*columns).where(thread_contexts.c.thread_id.in_(ordered))
             )
             heads = {row[0]: _head_of(row) for row in result}
-            column = thread_context_snapshots.c.snapshot_id
-            existing = set(
-                (await connection.execute(select(column).where(column.in_(list(snapshot_ids))))).scalars()
-            )
+            existing = await self.stored_snapshots(connection, list(snapshot_ids))
             return heads, existing, await self.load_policies(connection, wanted_projects)
         rows = await run_driver_sql(
             connection, self._pg_batch_context, (ordered, list(snapshot_ids), wanted_projects)
         )
         heads = {}
-        existing = set()
+        existing_ids = []
         policies = {}
         for row in rows:
             kind = row[0]
             if kind == 1:
                 heads[row[1]] = _head_of(row[1:])
             elif kind == 2:
-                existing.add(row[1])
+                existing_ids.append(row[1])
             else:
-                policies[row[1]] = ThresholdPolicy(row[1], row[8], row[9], row[10], row[3].astimezone(UTC))
+                policies[row[1]] = ThresholdPolicy(row[1], row[11], row[12], row[13], row[3].astimezone(UTC))
+        existing = await self.stored_snapshots(connection, existing_ids) if existing_ids else {}
         return heads, existing, policies
+
+    async def stored_snapshots(
+        self, connection: AsyncConnection, snapshot_ids: Collection[str]
+    ) -> dict[str, Snapshot]:
+        """The history rows of those of `snapshot_ids` that are stored, as readings by snapshot_id."""
+        if not snapshot_ids:
+            return {}
+        table = thread_context_snapshots
+        rows = (
+            await connection.execute(select(table).where(table.c.snapshot_id.in_(list(snapshot_ids))))
+        ).mappings()
+        return {row["snapshot_id"]: _snapshot_of(row) for row in rows}
 
     async def load_policies(
         self, connection: AsyncConnection, project_ids: Iterable[str]
@@ -456,6 +511,8 @@ class SqlAlchemyContextRepository:
                 state is not None,
                 None if state is None else state.level_alert_id,
                 None if state is None else state.compaction_risk_alert_id,
+                stored.snapshot.owner_id,
+                *_limit_values(stored.snapshot),
             )
             rows.append(dict(zip(names, values, strict=True)))
         encoded = orjson.dumps(rows, option=orjson.OPT_NAIVE_UTC).decode()
@@ -475,7 +532,10 @@ class SqlAlchemyContextRepository:
         """Appends history rows (one COPY on PostgreSQL, one executemany elsewhere)."""
         if not snapshots:
             return
-        rows = [(*_reading_values(s.snapshot, s.level), s.superseded, received_at) for s in snapshots]
+        rows = [
+            (*_reading_values(s.snapshot, s.level), s.superseded, received_at, *_limit_values(s.snapshot))
+            for s in snapshots
+        ]
         if self._postgres:
             if len(rows) < COPY_MIN_ROWS:
                 await run_driver_sql(connection, self._pg_insert_unnest, _as_columns(rows))
@@ -497,6 +557,8 @@ class SqlAlchemyContextRepository:
                 state.level_alert_id,
                 state.compaction_risk_alert_id,
                 state.updated_at,
+                state.snapshot.owner_id,
+                *_limit_values(state.snapshot),
             )
             for state in sorted(states, key=lambda state: state.snapshot.thread_id)
         ]
@@ -604,10 +666,15 @@ class SqlAlchemyContextRepository:
         statuses: Collection[AlertStatus],
         after: tuple[datetime, str] | None,
         limit: int,
+        owner_id: str | None = None,
     ) -> list[Alert]:
-        """Alerts newest first (opened_at, then alert_id, descending), after the keyset cursor."""
+        """Alerts newest first (opened_at, then alert_id, descending), after the keyset cursor; with
+        `owner_id`, only alerts of that owner's threads."""
         table = thread_context_alerts
         query = select(table).order_by(table.c.opened_at.desc(), table.c.alert_id.desc()).limit(limit)
+        if owner_id is not None:
+            owned = select(thread_contexts.c.thread_id).where(thread_contexts.c.owner_id == owner_id)
+            query = query.where(table.c.thread_id.in_(owned))
         if thread_id:
             query = query.where(table.c.thread_id == thread_id)
         if project_id:
@@ -647,10 +714,14 @@ class SqlAlchemyContextRepository:
         thread_ids: Collection[str],
         after_thread_id: str | None,
         limit: int,
+        owner_id: str | None = None,
     ) -> list[ThreadState]:
-        """Current states ordered by thread_id, filtered by project and/or thread ids."""
+        """Current states ordered by thread_id, filtered by project and/or thread ids, and with
+        `owner_id` to that owner's threads."""
         table = thread_contexts
         query = select(table).order_by(table.c.thread_id).limit(limit)
+        if owner_id is not None:
+            query = query.where(table.c.owner_id == owner_id)
         if project_id:
             query = query.where(table.c.project_id == project_id)
         if thread_ids:
@@ -658,6 +729,20 @@ class SqlAlchemyContextRepository:
         if after_thread_id is not None:
             query = query.where(table.c.thread_id > after_thread_id)
         return [_state_of(row) for row in (await connection.execute(query)).mappings()]
+
+    async def move_thread(
+        self, connection: AsyncConnection, thread_id: str, owner_id: str, node_id: str, worker_id: str
+    ) -> bool:
+        """Hands `owner_id`'s thread to the device (node_id, worker_id): only that device may report
+        it from now on. Returns False when the thread has no current state here or is another
+        owner's (nothing changes then)."""
+        table = thread_contexts
+        result = await connection.execute(
+            update(table)
+            .where(table.c.thread_id == thread_id, table.c.owner_id == owner_id)
+            .values(node_id=node_id, worker_id=worker_id)
+        )
+        return bool(result.rowcount)
 
     # --- policies -------------------------------------------------------------------------------
 

@@ -2,16 +2,21 @@
 
 - `thread_context_snapshots`: every reading not rejected and not a duplicate (history), with the
   server's level, the worker's claimed level, whether it was superseded, and when it arrived.
-- `thread_contexts`: one row per thread, its current (latest applied) reading, the server level and
-  the ids of the thread's open level and compaction_risk alerts.
+- `thread_contexts`: one row per thread, its current (latest applied) reading, the server level,
+  the ids of the thread's open level and compaction_risk alerts, and the thread's owner. Its
+  (owner_id, node_id, worker_id) is the device the thread belongs to: the first to report it, or
+  the one its owner moved it to.
 - `thread_context_threshold_policies`: per-project threshold overrides; project_id "" is the default.
 - `thread_context_alerts`: alerts and their lifecycle.
+- `revoked_devices`: devices whose tokens are refused (from the conversations service's events).
 
 Enumerations are stored as their lower-case names, percentages as double precision (0-100),
 instants as UTC (`UtcDateTime`), token figures as 64-bit integers.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -24,9 +29,12 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 
+from services.shared.devices import define_revoked_devices_table
 from services.shared.outbox import define_outbox_tables
+from services.shared.retention import define_retention_tables
 from services.shared.sql_types import UtcDateTime
 
 ID_LENGTH = 200
@@ -62,6 +70,15 @@ def _reading_columns() -> list[Column[object]]:
     ]
 
 
+def _limit_columns() -> list[Column[Any]]:
+    """Where a reading's L came from and whether it awaits its first measurement after a
+    compaction (migration 0003): the last columns of both reading tables."""
+    return [
+        Column("compaction_limit_source", String(16), nullable=True),
+        Column("awaiting_reading_after_compaction", Boolean, nullable=False, server_default=false()),
+    ]
+
+
 thread_context_snapshots = Table(
     "thread_context_snapshots",
     metadata,
@@ -70,7 +87,10 @@ thread_context_snapshots = Table(
     *_reading_columns(),
     Column("superseded", Boolean, nullable=False),
     Column("received_at", UtcDateTime, nullable=False),
+    *_limit_columns(),
     Index("ix_thread_context_snapshots_thread_captured", "thread_id", "captured_at"),
+    # History retention reads the readings in this order (services/context_budget/retention.py).
+    Index("ix_thread_context_snapshots_captured_snapshot", "captured_at", "snapshot_id"),
 )
 
 thread_contexts = Table(
@@ -82,7 +102,10 @@ thread_contexts = Table(
     Column("level_alert_id", String(36), nullable=True),
     Column("compaction_risk_alert_id", String(36), nullable=True),
     Column("updated_at", UtcDateTime, nullable=False),
+    Column("owner_id", String(ID_LENGTH), nullable=False, server_default="local"),
+    *_limit_columns(),
     Index("ix_thread_contexts_project_thread", "project_id", "thread_id"),
+    Index("ix_thread_contexts_owner_thread", "owner_id", "thread_id"),
 )
 
 thread_context_threshold_policies = Table(
@@ -113,3 +136,6 @@ thread_context_alerts = Table(
 )
 
 outbox_events, outbox_sequencer, event_cursors = define_outbox_tables(metadata)
+# Outbox and history retention (services/shared/retention.py).
+event_consumers, retention_marks = define_retention_tables(metadata)
+revoked_devices = define_revoked_devices_table(metadata)

@@ -4,9 +4,12 @@ Every event travels in a `boss.common.v1.EventEnvelope` (subject ids thread_id, 
 on the envelope too) through the service's outbox and `WatchEvents`. Instants are RFC 3339 UTC text
 with a `Z` suffix (or null), percentages are numbers 0-100, levels and enumerations lower-case names.
 
+`owner_id` in the payloads below is the owner of the device the thread belongs to (from the
+reporting worker's token). The stream is for Boss services only (service tokens).
+
 `thread.context.updated`: one per applied snapshot (never for a duplicate or an older reading)::
 
-    {"thread_id", "project_id", "task_id", "node_id", "worker_id", "snapshot_id",
+    {"thread_id", "project_id", "task_id", "node_id", "worker_id", "owner_id", "snapshot_id",
      "source_kind": "codex_app_server" | "codex_sdk" | "worker_estimator",
      "context_budget_remaining_pct": 37.0,
      "context_budget_level": "safe" | "watch" | "urgent" | "critical",     # the server's level
@@ -19,25 +22,27 @@ with a `Z` suffix (or null), percentages are numbers 0-100, levels and enumerati
      "snapshot_version": 42, "captured_at": "...", "updated_at": "...",
      "codex_context_left_pct": 40 | null, "last_total_tokens": 150000,
      "model_context_window": 258400, "auto_compact_token_limit": 244800, "codex_folder": "/src/app",
+     "compaction_limit_source": "configured" | "model_default" | "assumed" | null,
+     "awaiting_reading_after_compaction": false,   # true: compacted, waiting for the first reading
      "master_actions": ["prepare_handoff", "avoid_large_context_append", ...],
      "next_required_report_in_seconds": 5}
 
 `thread.context.level_changed`: the server's level differs from the thread's previous one (a thread's
 first applied snapshot counts, with from_level null)::
 
-    {"thread_id", "project_id", "node_id", "from_level": "safe" | ... | null, "to_level": "watch",
+    {"thread_id", "project_id", "node_id", "owner_id", "from_level": "safe" | ... | null, "to_level": "watch",
      "context_budget_remaining_pct": 45.0, "captured_at": "..."}
 
 `thread.context.compaction_risk_opened` / `thread.context.compaction_risk_resolved`::
 
-    {"thread_id", "project_id", "alert_id", "reason", "compaction_expected_at": "..." | null}
+    {"thread_id", "project_id", "owner_id", "alert_id", "reason", "compaction_expected_at": "..." | null}
 
   (reason: why the risk holds, or for resolved why it no longer holds; compaction_expected_at: the
   applied snapshot's expectation.)
 
 `thread.context.compaction_observed`: compaction_count rose above the thread's previous reading::
 
-    {"thread_id", "project_id", "node_id", "compaction_count": 2, "previous_compaction_count": 1,
+    {"thread_id", "project_id", "node_id", "owner_id", "compaction_count": 2, "previous_compaction_count": 1,
      "last_compaction_at": "..." | null}
 
 `thread.context.alert_changed`: on every alert open, acknowledge and resolve::
@@ -57,7 +62,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from services.context_budget.domain.model import Alert, ContextBudgetLevel, Snapshot, ThreadState
+from services.context_budget.domain.model import (
+    Alert,
+    CompactionLimitSource,
+    ContextBudgetLevel,
+    Snapshot,
+    ThreadState,
+)
 from services.context_budget.domain.policy import master_actions_of, report_interval_seconds
 from services.shared.time import isoformat_utc
 
@@ -93,6 +104,10 @@ def _level(level: ContextBudgetLevel | None) -> str | None:
     return None if level is None else level.value
 
 
+def _value(source: CompactionLimitSource | None) -> str | None:
+    return None if source is None else source.value
+
+
 def updated_event(
     state: ThreadState, previous_level: ContextBudgetLevel | None, *, compaction_near: bool
 ) -> EventDraft:
@@ -105,6 +120,7 @@ def updated_event(
         "task_id": s.task_id,
         "node_id": s.node_id,
         "worker_id": s.worker_id,
+        "owner_id": s.owner_id,
         "snapshot_id": s.snapshot_id,
         "source_kind": s.source_kind.value,
         "context_budget_remaining_pct": s.context_budget_remaining_pct,
@@ -126,6 +142,8 @@ def updated_event(
         "model_context_window": s.model_context_window,
         "auto_compact_token_limit": s.auto_compact_token_limit,
         "codex_folder": s.codex_folder,
+        "compaction_limit_source": _value(s.compaction_limit_source),
+        "awaiting_reading_after_compaction": s.awaiting_reading_after_compaction,
         "master_actions": [action.value for action in master_actions_of(state.level, compaction_near)],
         "next_required_report_in_seconds": report_interval_seconds(state.level),
     }
@@ -139,6 +157,7 @@ def level_changed_event(state: ThreadState, previous_level: ContextBudgetLevel |
         "thread_id": s.thread_id,
         "project_id": s.project_id,
         "node_id": s.node_id,
+        "owner_id": s.owner_id,
         "from_level": _level(previous_level),
         "to_level": state.level.value,
         "context_budget_remaining_pct": s.context_budget_remaining_pct,
@@ -152,6 +171,7 @@ def compaction_risk_event(event_type: str, alert_id: str, reason: str, snapshot:
     payload = {
         "thread_id": snapshot.thread_id,
         "project_id": snapshot.project_id,
+        "owner_id": snapshot.owner_id,
         "alert_id": alert_id,
         "reason": reason,
         "compaction_expected_at": isoformat_utc(snapshot.compaction_expected_at),
@@ -165,6 +185,7 @@ def compaction_observed_event(snapshot: Snapshot, previous_count: int) -> EventD
         "thread_id": snapshot.thread_id,
         "project_id": snapshot.project_id,
         "node_id": snapshot.node_id,
+        "owner_id": snapshot.owner_id,
         "compaction_count": snapshot.compaction_count,
         "previous_compaction_count": previous_count,
         "last_compaction_at": isoformat_utc(snapshot.last_compaction_at),

@@ -2,8 +2,13 @@
 
 For each snapshot, in arrival order:
 
-1. **Duplicate** (its snapshot_id is stored already, or came earlier in the batch): answered with
-   `duplicate=true` and the thread's current level; nothing is stored.
+0. **Another device's thread**: a thread belongs to the device (owner, node, worker) that first
+   reported it, or the one its owner moved it to. A snapshot of it from any other device is refused
+   (PERMISSION_DENIED, reason THREAD_BOUND_TO_OTHER_DEVICE, naming `thread_id`); nothing is stored.
+1. **Duplicate** (its snapshot_id is stored already, or came earlier in the batch): an exact repeat
+   of the stored reading is answered with `duplicate=true` and the thread's current level; a
+   different reading under that snapshot_id is refused (ALREADY_EXISTS, reason
+   SNAPSHOT_ID_REUSED, naming `snapshot_id`). Nothing is stored either way.
 2. **Classify** with the project's threshold policy (the default policy when it has none): the
    server's level is the truth; the worker's own level is only recorded.
 3. **Older reading** ((captured_at, snapshot_version) <= the thread's current one): stored in the
@@ -12,13 +17,13 @@ For each snapshot, in arrival order:
    (`events.py`, `alerts.py`). Several snapshots of one thread in a batch apply in order, each
    seeing the state the previous one left.
 
-The caller loads the current states, the already stored snapshot ids and the policies, then writes
-the plan in one transaction (a handful of bulk statements).
+The caller loads the current states, the already stored snapshots of the batch's snapshot ids and
+the policies, then writes the plan in one transaction (a handful of bulk statements).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -48,6 +53,24 @@ from services.context_budget.domain.policy import (
     master_actions_of,
     report_interval_seconds,
 )
+from services.shared.errors import (
+    AlreadyExists,
+    BossError,
+    FieldViolation,
+    thread_bound_to_other_device,
+)
+
+SNAPSHOT_ID_REUSED = "SNAPSHOT_ID_REUSED"
+
+
+def reused_snapshot_id_error(snapshot_id: str) -> AlreadyExists:
+    """The refusal of a different reading under a stored (or earlier in the batch) snapshot_id."""
+    return AlreadyExists(
+        f"snapshot {snapshot_id!r} is stored with a different reading: give a new reading a new "
+        "snapshot_id (or send none: the server derives one)",
+        reason=SNAPSHOT_ID_REUSED,
+        violations=[FieldViolation("snapshot_id", "is taken by a different reading")],
+    )
 
 
 @dataclass(slots=True)
@@ -68,6 +91,8 @@ class IngestOutcome:
         level: the thread's current server level after this snapshot.
         duplicate: the snapshot was stored before; nothing changed.
         superseded: the thread already had a newer reading; stored in history only.
+        error: set when the snapshot was refused (another device's thread, a reused snapshot_id);
+            nothing of it was stored, and `level` means nothing.
     """
 
     snapshot_id: str
@@ -76,6 +101,7 @@ class IngestOutcome:
     duplicate: bool = False
     superseded: bool = False
     compaction_near: bool = False
+    error: BossError | None = None
 
     @property
     def master_actions(self) -> tuple[MasterAction, ...]:
@@ -206,7 +232,7 @@ def plan_ingest(
     snapshots: Sequence[Snapshot],
     *,
     current: Mapping[str, ThreadHead],
-    existing_snapshot_ids: Collection[str],
+    existing_snapshots: Mapping[str, Snapshot],
     policies: Mapping[str, ThresholdPolicy],
     now: datetime,
     new_alert_id: Callable[[], str],
@@ -215,9 +241,9 @@ def plan_ingest(
     """Plans one batch (module docstring has the rules).
 
     Args:
-        snapshots: validated snapshots in arrival order.
+        snapshots: validated snapshots in arrival order, each with its reporter's owner_id.
         current: the stored current state (its head) of every thread in the batch that has one.
-        existing_snapshot_ids: which of the batch's snapshot ids are stored already.
+        existing_snapshots: the stored readings of the batch's snapshot ids that are stored already.
         policies: threshold policies by project_id; "" is the default policy (CB-7 built-in when absent).
         now: the server's instant for updated_at and alert times (UTC).
         new_alert_id: makes a fresh alert id.
@@ -228,12 +254,26 @@ def plan_ingest(
     default_policy = policies.get("", DEFAULT_POLICY)
     heads: dict[str, ThreadHead] = dict(current)
     changed: dict[str, ThreadState] = {}
-    batch_ids: set[str] = set()
+    batch_readings: dict[str, Snapshot] = {}
     for snapshot in snapshots:
         snapshot_id = snapshot.snapshot_id
         thread_id = snapshot.thread_id
         previous = heads.get(thread_id)
-        if snapshot_id in batch_ids or snapshot_id in existing_snapshot_ids:
+        if previous is not None and previous.device != snapshot.device:
+            plan.outcomes.append(
+                IngestOutcome(
+                    snapshot_id, thread_id, previous.level, error=thread_bound_to_other_device(thread_id)
+                )
+            )
+            continue
+        stored = batch_readings.get(snapshot_id) or existing_snapshots.get(snapshot_id)
+        if stored is not None and not stored.same_reading_as(snapshot):
+            level = previous.level if previous is not None else ContextBudgetLevel.SAFE
+            plan.outcomes.append(
+                IngestOutcome(snapshot_id, thread_id, level, error=reused_snapshot_id_error(snapshot_id))
+            )
+            continue
+        if stored is not None:
             level = (
                 previous.level
                 if previous is not None
@@ -243,7 +283,7 @@ def plan_ingest(
             )
             plan.outcomes.append(IngestOutcome(snapshot_id, thread_id, level, duplicate=True))
             continue
-        batch_ids.add(snapshot_id)
+        batch_readings[snapshot_id] = snapshot
         level = classify(
             snapshot.context_budget_remaining_pct, policies.get(snapshot.project_id, default_policy)
         )

@@ -34,6 +34,14 @@ class SourceKind(StrEnum):
     WORKER_ESTIMATOR = "worker_estimator"
 
 
+class CompactionLimitSource(StrEnum):
+    """Where a snapshot's auto-compact limit L came from (the proto's CompactionLimitSource)."""
+
+    CONFIGURED = "configured"
+    MODEL_DEFAULT = "model_default"
+    ASSUMED = "assumed"
+
+
 class MasterAction(StrEnum):
     """What the master agent asks of a thread at its level (CB-7, CB-10)."""
 
@@ -100,6 +108,8 @@ class SnapshotInput:
     codex_context_left_pct: int | None
     must_finish_reason: str
     codex_folder: str
+    compaction_limit_source: int = 0
+    awaiting_reading_after_compaction: bool = False
 
 
 @dataclass(slots=True)
@@ -115,6 +125,11 @@ class Snapshot:
         last_total_tokens / model_context_window / auto_compact_token_limit: D-1's T, W and L, in
             tokens (0 when unknown).
         codex_context_left_pct: Codex's own displayed "% context left" (0-100), None when unknown.
+        owner_id: the owner of the reporting worker, from its token (never from the request); ""
+            on history rows, which do not store it.
+        compaction_limit_source: where L came from, None when the worker did not say.
+        awaiting_reading_after_compaction: Codex compacted after the thread's last reading and has
+            not answered since ("compacted, waiting for the first reading"; T is 0 then).
     """
 
     snapshot_id: str
@@ -140,11 +155,51 @@ class Snapshot:
     codex_context_left_pct: int | None
     must_finish_reason: str
     codex_folder: str
+    owner_id: str = ""
+    compaction_limit_source: CompactionLimitSource | None = None
+    awaiting_reading_after_compaction: bool = False
 
     @property
     def order_key(self) -> tuple[datetime, int]:
         """(captured_at, snapshot_version): a reading replaces the current one only when larger."""
         return (self.captured_at, self.snapshot_version)
+
+    @property
+    def device(self) -> tuple[str, str, str]:
+        """(owner_id, node_id, worker_id): the device that sent this reading."""
+        return (self.owner_id, self.node_id, self.worker_id)
+
+    def same_reading_as(self, other: Snapshot) -> bool:
+        """Whether `other` carries exactly this reading: every field the worker sent is equal
+        (owner_id, which history rows do not keep, is left out). A re-sent snapshot is; a different
+        reading reusing the snapshot_id is not."""
+        return (
+            self.snapshot_id == other.snapshot_id
+            and self.project_id == other.project_id
+            and self.task_id == other.task_id
+            and self.thread_id == other.thread_id
+            and self.node_id == other.node_id
+            and self.worker_id == other.worker_id
+            and self.source_kind == other.source_kind
+            and self.context_budget_remaining_pct == other.context_budget_remaining_pct
+            and self.reported_level == other.reported_level
+            and self.compaction_expected_at == other.compaction_expected_at
+            and self.must_finish_before_compaction == other.must_finish_before_compaction
+            and self.estimated_remaining_turns == other.estimated_remaining_turns
+            and self.estimated_remaining_large_messages == other.estimated_remaining_large_messages
+            and self.last_compaction_at == other.last_compaction_at
+            and self.compaction_count == other.compaction_count
+            and self.snapshot_version == other.snapshot_version
+            and self.captured_at == other.captured_at
+            and self.last_total_tokens == other.last_total_tokens
+            and self.model_context_window == other.model_context_window
+            and self.auto_compact_token_limit == other.auto_compact_token_limit
+            and self.codex_context_left_pct == other.codex_context_left_pct
+            and self.must_finish_reason == other.must_finish_reason
+            and self.codex_folder == other.codex_folder
+            and self.compaction_limit_source == other.compaction_limit_source
+            and self.awaiting_reading_after_compaction == other.awaiting_reading_after_compaction
+        )
 
 
 @dataclass(slots=True)
@@ -157,6 +212,7 @@ class ThreadHead:
         captured_at / snapshot_version: the current reading's order key.
         compaction_count: the current reading's compaction count.
         level_alert_id / compaction_risk_alert_id: as in ThreadState.
+        device: (owner_id, node_id, worker_id) of the device the thread belongs to.
     """
 
     level: ContextBudgetLevel
@@ -165,6 +221,7 @@ class ThreadHead:
     compaction_count: int
     level_alert_id: str | None
     compaction_risk_alert_id: str | None
+    device: tuple[str, str, str]
 
     @property
     def order_key(self) -> tuple[datetime, int]:
@@ -200,6 +257,7 @@ class ThreadState:
             snapshot.compaction_count,
             self.level_alert_id,
             self.compaction_risk_alert_id,
+            snapshot.device,
         )
 
 

@@ -3,10 +3,13 @@
 Rules (SPEC CB-6, D-1, D-2):
 
 - thread_id, node_id, worker_id: required; project_id, task_id, snapshot_id optional; all at most
-  200 characters without control characters.
+  200 characters without control or bidirectional formatting characters; thread_id also of the
+  thread-id alphabet (services/shared/identifiers.py: no `/`, ASCII letters, digits and
+  `- _ . : @ +`), so every listed thread can be opened.
 - source_kind: a known value (not UNSPECIFIED, not an unknown wire number).
 - context_budget_remaining_pct: finite, 0-100 (percent).
-- context_budget_level (the worker's own level): unset or a known value.
+- context_budget_level (the worker's own level): unset or a known value; compaction_limit_source
+  likewise.
 - captured_at: required, not before 2000-01-01 and at most 5 minutes ahead of the server clock.
 - compaction_expected_at: when set, between 2000-01-01 and 2100-01-01.
 - last_compaction_at: when set, not before 2000-01-01 and at most 5 minutes ahead of the server clock.
@@ -29,6 +32,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from services.context_budget.domain.model import (
+    CompactionLimitSource,
     ContextBudgetLevel,
     RawTimestamp,
     Snapshot,
@@ -36,10 +40,9 @@ from services.context_budget.domain.model import (
     SourceKind,
 )
 from services.shared.errors import FieldViolation, InvalidArgument
+from services.shared.identifiers import folder_problem, id_problem, thread_id_problem
 
-MAX_ID_LENGTH = 200
 MAX_REASON_LENGTH = 2_000
-MAX_FOLDER_LENGTH = 4_096
 MAX_SNAPSHOT_VERSION = 2**63 - 1
 MAX_SNAPSHOTS_PER_MESSAGE = 1_000
 FUTURE_TOLERANCE = timedelta(minutes=5)
@@ -58,6 +61,11 @@ SOURCE_KINDS: dict[int, SourceKind] = {
     2: SourceKind.CODEX_SDK,
     3: SourceKind.WORKER_ESTIMATOR,
 }
+LIMIT_SOURCES: dict[int, CompactionLimitSource] = {
+    1: CompactionLimitSource.CONFIGURED,
+    2: CompactionLimitSource.MODEL_DEFAULT,
+    3: CompactionLimitSource.ASSUMED,
+}
 LEVELS: dict[int, ContextBudgetLevel] = {
     1: ContextBudgetLevel.SAFE,
     2: ContextBudgetLevel.WATCH,
@@ -70,21 +78,14 @@ LEVELS: dict[int, ContextBudgetLevel] = {
 SNAPSHOT_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://boss.dev/context-budget/snapshot")
 _NAMESPACE_BYTES = SNAPSHOT_ID_NAMESPACE.bytes
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CONTROL_EXCEPT_TAB_NEWLINE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def check_identifier(value: str, field: str, violations: list[FieldViolation], *, required: bool) -> None:
     """Appends a violation when an id is missing (if required), longer than 200 characters or
-    holds control characters."""
-    if not value:
-        if required:
-            violations.append(FieldViolation(field, "is required"))
-        return
-    if len(value) > MAX_ID_LENGTH:
-        violations.append(FieldViolation(field, f"must be at most {MAX_ID_LENGTH} characters"))
-    elif _CONTROL.search(value):
-        violations.append(FieldViolation(field, "must not contain control characters"))
+    holds control or bidirectional formatting characters (`id_problem`)."""
+    if (value or required) and (problem := id_problem(value)) is not None:
+        violations.append(FieldViolation(field, problem))
 
 
 def _check_text(
@@ -153,6 +154,8 @@ def validate_snapshot(raw: SnapshotInput, *, now: datetime, prefix: str) -> Snap
     """
     violations: list[FieldViolation] = []
     check_identifier(raw.thread_id, "thread_id", violations, required=True)
+    if not violations and (thread_problem := thread_id_problem(raw.thread_id)) is not None:
+        violations.append(FieldViolation("thread_id", thread_problem))
     check_identifier(raw.node_id, "node_id", violations, required=True)
     check_identifier(raw.worker_id, "worker_id", violations, required=True)
     check_identifier(raw.project_id, "project_id", violations, required=False)
@@ -181,6 +184,18 @@ def validate_snapshot(raw: SnapshotInput, *, now: datetime, prefix: str) -> Snap
                 FieldViolation(
                     "context_budget_level",
                     f"unknown value {raw.context_budget_level}: must be unset, safe, watch, urgent, critical",
+                )
+            )
+
+    limit_source: CompactionLimitSource | None = None
+    if raw.compaction_limit_source != 0:
+        limit_source = LIMIT_SOURCES.get(raw.compaction_limit_source)
+        if limit_source is None:
+            violations.append(
+                FieldViolation(
+                    "compaction_limit_source",
+                    f"unknown value {raw.compaction_limit_source}: must be unset, configured, "
+                    "model_default or assumed",
                 )
             )
 
@@ -238,7 +253,8 @@ def validate_snapshot(raw: SnapshotInput, *, now: datetime, prefix: str) -> Snap
         _CONTROL_EXCEPT_TAB_NEWLINE,
         violations,
     )
-    _check_text(raw.codex_folder, "codex_folder", MAX_FOLDER_LENGTH, _CONTROL, violations)
+    if (problem := folder_problem(raw.codex_folder)) is not None:
+        violations.append(FieldViolation("codex_folder", problem))
 
     if violations:
         raise InvalidArgument([FieldViolation(f"{prefix}.{v.field}", v.description) for v in violations])
@@ -270,6 +286,8 @@ def validate_snapshot(raw: SnapshotInput, *, now: datetime, prefix: str) -> Snap
         codex_context_left_pct=raw.codex_context_left_pct,
         must_finish_reason=raw.must_finish_reason,
         codex_folder=raw.codex_folder,
+        compaction_limit_source=limit_source,
+        awaiting_reading_after_compaction=raw.awaiting_reading_after_compaction,
     )
 
 

@@ -66,6 +66,8 @@ def budget_of(row: Mapping[Any, Any]) -> ThreadBudget | None:
         compaction_count=int(row["compaction_count"] or 0),
         estimated_remaining_turns=row["estimated_remaining_turns"],
         master_actions=tuple(json.loads(row["master_actions_json"] or "[]")),
+        awaiting_reading_after_compaction=bool(row["awaiting_reading_after_compaction"]),
+        compaction_limit_source=row["compaction_limit_source"] or "",
     )
 
 
@@ -85,6 +87,8 @@ def budget_columns(budget: ThreadBudget) -> dict[str, Any]:
         "captured_at": budget.captured_at,
         "budget_updated_at": budget.updated_at,
         "master_actions_json": json.dumps(list(budget.master_actions)),
+        "awaiting_reading_after_compaction": budget.awaiting_reading_after_compaction,
+        "compaction_limit_source": budget.compaction_limit_source,
     }
 
 
@@ -97,6 +101,7 @@ def indicator_columns(indicator: Indicator) -> dict[str, Any]:
         "indicator_source_node_id": indicator.source_node_id,
         "indicator_updated_at": indicator.updated_at,
         "indicator_must_finish": indicator.must_finish_before_compaction,
+        "indicator_awaiting_reading": indicator.awaiting_reading_after_compaction,
     }
 
 
@@ -112,6 +117,7 @@ def indicator_of(row: Mapping[Any, Any]) -> Indicator:
         source_node_id=row["indicator_source_node_id"],
         updated_at=row["indicator_updated_at"],
         must_finish_before_compaction=bool(row["indicator_must_finish"]),
+        awaiting_reading_after_compaction=bool(row["indicator_awaiting_reading"]),
     )
 
 
@@ -173,6 +179,8 @@ class SqlAlchemyConversationsRepository:
             "compaction_count": 0,
             "snapshot_version": 0,
             "master_actions_json": "[]",
+            "awaiting_reading_after_compaction": False,
+            "compaction_limit_source": "",
             "handoff_status": HANDOFF_NONE,
             "handoff_package_id": "",
             "handoff_reason": "",
@@ -310,6 +318,7 @@ class SqlAlchemyConversationsRepository:
             "indicator_source_node_id": "",
             "indicator_updated_at": None,
             "indicator_must_finish": False,
+            "indicator_awaiting_reading": False,
             "strategy_summary": "",
         }
         await self.connection.execute(insert(projects).values({**defaults, **values}))

@@ -3,7 +3,9 @@
 `projects` holds the home-list rows *ready to serve*: the ring's figures are denormalised onto the
 row (`indicator_*`) by the projection, so listing needs one indexed query and no cross-service call.
 `threads` holds registered metadata plus the latest budget and handoff state of each thread.
-`messages`, `message_sequences` and `chat_tasks` are chat's (services/conversations/chat).
+`messages`, `message_sequences` and `chat_tasks` are chat's (services/conversations/chat);
+`dispatch_plans` and `dispatch_targets` are the group chat's (services/conversations/groups).
+`devices` and `pairing_codes` are the device registry's (services/conversations/devices.py).
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
+    text,
 )
 
 from services.shared.outbox import define_outbox_tables
+from services.shared.retention import define_retention_tables
 from services.shared.sql_types import UtcDateTime
 
 metadata = MetaData()
@@ -48,6 +53,8 @@ projects = Table(
     Column("indicator_source_node_id", String(200), nullable=False, default=""),
     Column("indicator_updated_at", UtcDateTime, nullable=True),
     Column("indicator_must_finish", Boolean, nullable=False, default=False),
+    # The shown thread is "compacted, waiting for the first reading" (migration 0008).
+    Column("indicator_awaiting_reading", Boolean, nullable=False, default=False, server_default=false()),
     # The scheduler's strategy in words for this project, when it published one.
     Column("strategy_summary", Text, nullable=False, default=""),
     Index("ix_projects_home_list", "owner_id", "manual_pinned", "sort_at", "project_id"),
@@ -82,6 +89,11 @@ threads = Table(
     Column("captured_at", UtcDateTime, nullable=True),
     Column("budget_updated_at", UtcDateTime, nullable=True),
     Column("master_actions_json", Text, nullable=False, default="[]"),
+    # "Compacted, waiting for the first reading", and where L came from (migration 0005).
+    Column(
+        "awaiting_reading_after_compaction", Boolean, nullable=False, default=False, server_default=false()
+    ),
+    Column("compaction_limit_source", String(20), nullable=False, default="", server_default=""),
     # Handoff state from the scheduler's events.
     Column("handoff_status", String(20), nullable=False, default="none"),
     Column("handoff_package_id", String(200), nullable=False, default=""),
@@ -164,4 +176,93 @@ chat_tasks = Table(
     Index("ix_chat_tasks_request_message", "request_message_id"),
 )
 
+# A group message's dispatch plan (services/conversations/groups, migration 0004): one row per plan,
+# its targets in `dispatch_targets`. `left_out_json` is a JSON array of {thread_id, thread_title,
+# rule, reason}: the members the plan does not send to.
+dispatch_plans = Table(
+    "dispatch_plans",
+    metadata,
+    Column("plan_id", String(64), primary_key=True),
+    Column("owner_id", String(200), nullable=False),
+    Column("project_id", String(200), nullable=False),
+    Column("request_message_id", String(64), nullable=False),
+    Column("request_text", Text, nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("left_out_json", Text, nullable=False),
+    Column("drafted_by", String(20), nullable=False),
+    Column("drafting_note", Text, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("expires_at", UtcDateTime, nullable=False),
+    Column("decided_at", UtcDateTime, nullable=True),
+    Column("updated_at", UtcDateTime, nullable=False),
+    Column("superseded_by_plan_id", String(64), nullable=False),
+    Column("summary_status", String(20), nullable=False),
+    Column("summary_message_id", String(64), nullable=False),
+    Index("ix_dispatch_plans_project", "project_id", "status"),
+    Index("ux_dispatch_plans_request_message", "request_message_id", unique=True),
+    Index("ix_dispatch_plans_status_expiry", "status", "expires_at"),
+    Index("ix_dispatch_plans_summary", "summary_status"),
+)
+
+dispatch_targets = Table(
+    "dispatch_targets",
+    metadata,
+    Column("plan_id", String(64), primary_key=True),
+    Column("target_id", String(20), primary_key=True),
+    Column("position", Integer, nullable=False),
+    Column("kind", String(10), nullable=False),
+    Column("thread_id", String(200), nullable=False),
+    Column("thread_title", String(200), nullable=False),
+    Column("device_id", String(200), nullable=False),
+    Column("codex_folder_ref", Text, nullable=False),
+    Column("codex_thread_ref", Text, nullable=False),
+    Column("instruction", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("remaining_pct", Float, nullable=True),
+    Column("level", String(20), nullable=False),
+    Column("relay_of_thread_id", String(200), nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("status_detail", Text, nullable=False),
+    Column("task_id", String(64), nullable=False),
+    Column("task_status", String(20), nullable=False),
+    Index("ix_dispatch_targets_task", "task_id"),
+)
+
+devices = Table(
+    "devices",
+    metadata,
+    Column("device_id", String(64), primary_key=True),
+    Column("owner_id", String(200), nullable=False),
+    Column("node_id", String(200), nullable=False),
+    Column("worker_id", String(200), nullable=False),
+    Column("device_name", String(200), nullable=False),
+    Column("enrolled_at", UtcDateTime, nullable=False),
+    Column("revoked_at", UtcDateTime, nullable=True),
+    Index("ix_devices_owner", "owner_id", "enrolled_at"),
+    # At most one active device per owner, node and worker (migration 0007).
+    Index(
+        "ux_devices_active_device",
+        "owner_id",
+        "node_id",
+        "worker_id",
+        unique=True,
+        sqlite_where=text("revoked_at IS NULL"),
+        postgresql_where=text("revoked_at IS NULL"),
+    ),
+)
+
+pairing_codes = Table(
+    "pairing_codes",
+    metadata,
+    # SHA-256 (hex) of the normalised code: the code itself is never stored.
+    Column("code_hash", String(64), primary_key=True),
+    Column("owner_id", String(200), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("expires_at", UtcDateTime, nullable=False),
+    Column("used_at", UtcDateTime, nullable=True),
+    Column("device_id", String(64), nullable=False, server_default=""),
+)
+
 outbox_events, outbox_sequencer, event_cursors = define_outbox_tables(metadata)
+# Outbox and history retention (services/shared/retention.py).
+event_consumers, retention_marks = define_retention_tables(metadata)

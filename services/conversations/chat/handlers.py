@@ -14,6 +14,8 @@ Each command is one transaction with the events it publishes. Published event ty
   task_id (the gateway keeps it out of SSE).
 - `task.updated` {owner_id, project_id, conversation_id, task: {the ChatTask fields, snake_case},
   collaboration_gate: {state, tasks_total, tasks_done, detail}}: a chat task was created or changed.
+- `task.cancel_requested` {owner_id, task_id, requested_at}: for the scheduler, which cancels the
+  task if it has not started (the gateway keeps it out of SSE).
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.conversations.adapters.repository import SqlAlchemyConversationsRepository
 from services.conversations.chat.domain import (
+    CANCELLED,
     CLIENT_MESSAGE_ID_REUSED,
+    DISPATCH_EXECUTION,
+    TASK_NOT_CANCELLABLE,
     TASK_NOT_RETRYABLE,
     ChatTask,
     ChatThread,
@@ -49,12 +54,14 @@ from services.conversations.chat.domain import (
 from services.conversations.chat.repository import SqlAlchemyChatRepository
 from services.conversations.chat.wording import result_message
 from services.conversations.domain.model import (
+    GROUP,
     MASTER_AGENT,
     MASTER_ALIAS,
     conversation_id_of,
     master_project_id,
 )
 from services.conversations.domain.validation import check_id, check_message, check_page_size, raise_if_any
+from services.conversations.master.repository import is_model_task
 from services.shared.db import Database
 from services.shared.errors import (
     PROJECT_NOT_FOUND,
@@ -69,11 +76,19 @@ from services.shared.outbox import EventLog, NewEvent, StoredEvent
 from services.shared.paging import PageTokenCodec, fingerprint
 from services.shared.time import isoformat_utc, utc_now
 
+if TYPE_CHECKING:
+    from services.conversations.groups.handlers import GroupHandlers
+    from services.conversations.groups.plans import DispatchPlan
+    from services.conversations.master.handlers import MasterAgentChat
+
 log = logging.getLogger(__name__)
 
 MESSAGE_CREATED = "conversation.message.created"
 TASK_REQUESTED = "task.requested"
 TASK_UPDATED = "task.updated"
+TASK_CANCEL_REQUESTED = "task.cancel_requested"
+CANCELLABLE_STATUSES = frozenset({"queued", "claimed"})
+"""The statuses a cancel can still stop: Codex has not been started for the task."""
 TASK_STATUS_CHANGED = "task.status_changed"
 """The scheduler's event of a task status change (its Task message as JSON; scheduler.proto)."""
 
@@ -86,12 +101,16 @@ Row = Mapping[Any, Any]
 @dataclass(frozen=True)
 class SentMessage:
     """What PostMessage answers: the stored user message (`message_view` fields), its current task
-    and the project's gate; `created` False when the client_message_id was seen before."""
+    and the project's gate; `created` False when the client_message_id was seen before;
+    `master_reply` the master agent's reply when it came within the send's wait (CHAT-2);
+    `dispatch_plan` a group's plan proposed for the message (CHAT-4)."""
 
     message: dict[str, Any]
     task: ChatTask | None
     gate: CollaborationGate
     created: bool
+    master_reply: str | None = None
+    dispatch_plan: DispatchPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -171,31 +190,28 @@ async def write_message(
     client_message_id: str = "",
     task_id: str = "",
 ) -> tuple[dict[str, Any], NewEvent]:
-    """Stores a message in `project` with the conversation's next sequence, moves the project's
-    latest_reply_at to `now`, and returns the message (`message_view` fields) with its
-    `conversation.message.created` event (for the caller to append).
+    """Stores a message in `project` (a row with its project_id and owner_id) with the
+    conversation's next sequence, moves the project's latest_reply_at to `now`, and returns the
+    message (`message_view` fields) with its `conversation.message.created` event (for the caller
+    to append).
 
-    The project row is updated first, then the sequence taken: every writer of a conversation locks
-    the two in that order, so two writers never wait for each other crosswise. Raises
-    sqlalchemy.exc.IntegrityError when `client_message_id` is taken in the project.
+    The project row is updated first, then the sequence taken (`append_message`, one statement on
+    PostgreSQL): every writer of a conversation locks the two in that order, so two writers never
+    wait for each other crosswise. Raises sqlalchemy.exc.IntegrityError when `client_message_id` is
+    taken in the project.
     """
-    project_id = project["project_id"]
-    await SqlAlchemyConversationsRepository(connection).update_project(
-        project_id, {"latest_reply_at": now, "sort_at": now, "updated_at": now}
-    )
-    chat = SqlAlchemyChatRepository(connection)
     message = {
         "message_id": f"msg-{uuid.uuid4().hex}",
-        "project_id": project_id,
+        "project_id": project["project_id"],
         "author_kind": author_kind,
         "thread_id": thread_id,
         "text": text,
         "created_at": now,
-        "sequence": await chat.next_sequence(project_id),
+        "sequence": 0,
         "client_message_id": client_message_id,
         "task_id": task_id,
     }
-    await chat.insert_message(message)
+    message["sequence"] = await SqlAlchemyChatRepository(connection).append_message(message)
     return message, message_created_event(project["owner_id"], message)
 
 
@@ -226,6 +242,14 @@ class ChatHandlers:
         database: the conversations database.
         event_log: its outbox.
         page_tokens: signs ListMessages page tokens (a codec with a random key when None).
+
+    Attributes:
+        master: the master agent's chat (services/conversations/master), set by the composition
+            root; messages to the master conversation and retries of its tasks go to it. None:
+            the master conversation refuses messages (CHAT_PATH_NOT_AVAILABLE).
+        groups: the group chat (services/conversations/groups), set by the composition root:
+            messages to a group and its dispatch tasks' status reports go to it. None: a group
+            refuses messages (CHAT_PATH_NOT_AVAILABLE).
     """
 
     def __init__(
@@ -234,6 +258,8 @@ class ChatHandlers:
         self.database = database
         self.event_log = event_log
         self.page_tokens = page_tokens or PageTokenCodec(secrets.token_urlsafe(32), "conversations")
+        self.master: MasterAgentChat | None = None
+        self.groups: GroupHandlers | None = None
 
     # --- messages -----------------------------------------------------------------------------------
 
@@ -307,10 +333,13 @@ class ChatHandlers:
         Raises InvalidArgument (project_id, text, client_message_id), NotFound (PROJECT_NOT_FOUND),
         AlreadyExists (CLIENT_MESSAGE_ID_REUSED: the key was sent before with another text) and
         FailedPrecondition (CHAT_PATH_NOT_AVAILABLE, THREAD_ARCHIVED, THREAD_METADATA_INCOMPLETE:
-        `check_chat_target`; nothing is stored, so the client keeps its draft).
+        `check_chat_target`; nothing is stored, so the client keeps its draft). A message to a
+        group goes to the group chat instead (`GroupHandlers.post_message`: its dispatch plan).
         """
         raise_if_any([*_project_id_violations(project_id), *check_post(text, client_message_id)])
-        if project_id == MASTER_ALIAS:  # the master agent's chat is not built yet, known or not
+        if project_id in (MASTER_ALIAS, master_project_id(owner)):  # CHAT-2: the master's own path
+            if self.master is not None:
+                return await self.master.post_message(owner, text, client_message_id)
             check_chat_target(project_id, MASTER_AGENT, False, None)
         try:
             async with self.database.transaction() as connection:
@@ -330,25 +359,36 @@ class ChatHandlers:
                     client_message_id,
                     project_id,
                 )
-                return await _repeat(SqlAlchemyChatRepository(connection), stored, text)
+                return await answer_repeat(SqlAlchemyChatRepository(connection), stored, text)
+        if sent is None and self.groups is not None:  # CHAT-4: a group's own path (nothing written)
+            return await self.groups.post_message(owner, project_id, text, client_message_id)
+        assert sent is not None
         self.event_log.kick(appended)
         return sent
 
     async def _post(
         self, connection: AsyncConnection, owner: str, project_id: str, text: str, client_message_id: str
-    ) -> tuple[SentMessage, list[StoredEvent]]:
-        """`post_message` inside its transaction: (the answer, the events appended)."""
-        repository = SqlAlchemyConversationsRepository(connection)
+    ) -> tuple[SentMessage | None, list[StoredEvent]]:
+        """`post_message` inside its transaction: (the answer, the events appended); (None, []) for
+        a group when `groups` is set (nothing written: the group chat answers). On PostgreSQL
+        BEGIN, one read (`send_target`), one write of the message (`append_message`), the outbox
+        append carrying the task's insert, COMMIT."""
         chat = SqlAlchemyChatRepository(connection)
-        project = await _owned_project(repository, owner, project_id)
-        stored = await chat.message_by_client_id(project["project_id"], client_message_id)
-        if stored is not None:
-            return await _repeat(chat, stored, text), []
+        target = await chat.send_target(project_id, client_message_id)
+        if target is None or target.project["owner_id"] != owner:
+            raise NotFound(f"project {project_id!r} not found", reason=PROJECT_NOT_FOUND)
+        project = target.project
+        if project["conversation_type"] == GROUP and self.groups is not None:
+            return None, []
+        if target.sent_before:
+            stored = await chat.message_by_client_id(project["project_id"], client_message_id)
+            if stored is not None:
+                return await answer_repeat(chat, stored, text), []
         thread = check_chat_target(
             project["project_id"],
             project["conversation_type"],
             project["archived_at"] is not None,
-            chat_thread_of(await chat.thread_of_project(project["project_id"])),
+            chat_thread_of(target.thread),
         )
         now = utc_now()
         task_id = f"task-{uuid.uuid4().hex}"
@@ -363,10 +403,17 @@ class ChatHandlers:
             task_id=task_id,
         )
         task = new_chat_task(task_id, owner, project["project_id"], thread, message["message_id"], now)
-        await chat.insert_task(task)
-        gate = await gate_of(chat, task)
+        carrying = None
+        if chat.postgres:
+            carrying = chat.task_insertion(task)
+        else:
+            await chat.insert_task(task)
+        # The new task runs after the thread's open ones, all of them requested before it.
+        gate = collaboration_gate(target.open_tasks + 1, target.open_tasks)
         appended = await self.event_log.append(
-            connection, [created, task_requested_event(task, text), task_updated_event(task, gate)]
+            connection,
+            [created, task_requested_event(task, text), task_updated_event(task, gate)],
+            carrying=carrying,
         )
         return SentMessage(message, task, gate, created=True), appended
 
@@ -379,6 +426,8 @@ class ChatHandlers:
         async with self.database.read() as connection:
             chat = SqlAlchemyChatRepository(connection)
             task = await _owned_task(chat, owner, task_id)
+            if task.task_type == DISPATCH_EXECUTION and self.groups is not None:
+                return TaskView(task, await self.groups.gate_of_task(connection, task))
             return TaskView(task, await gate_of(chat, task))
 
     async def retry_task(self, owner: str, task_id: str) -> TaskView:
@@ -388,14 +437,27 @@ class ChatHandlers:
 
         Raises InvalidArgument (task_id), NotFound (TASK_NOT_FOUND), FailedPrecondition
         (TASK_NOT_RETRYABLE: not failed, timed_out, cancelled or expired, or retried already; and
-        the send checks of `check_chat_target`)."""
+        the send checks of `check_chat_target`; a group's dispatch_execution task is never retried
+        alone). A task of the master conversation is retried by the master agent's chat
+        (`MasterAgentChat.retry_task`)."""
         raise_if_any(_task_id_violations(task_id))
+        if self.master is not None:
+            async with self.database.read() as connection:
+                asked = await _owned_task(SqlAlchemyChatRepository(connection), owner, task_id)
+            if asked.project_id == master_project_id(owner):
+                return await self.master.retry_task(owner, task_id)
         async with self.database.transaction() as connection:
             repository = SqlAlchemyConversationsRepository(connection)
             chat = SqlAlchemyChatRepository(connection)
             old = await _owned_task(chat, owner, task_id)
             if not old.retryable:
-                raise _not_retryable(old)
+                raise not_retryable_error(old)
+            if old.task_type == DISPATCH_EXECUTION:
+                raise FailedPrecondition(
+                    f"task {task_id!r} ran a group's dispatch plan; it is not retried alone: send the "
+                    "message to the group again for a new plan",
+                    reason=TASK_NOT_RETRYABLE,
+                )
             project = await repository.project(old.project_id)
             request = await chat.message(old.request_message_id)
             if project is None or request is None:
@@ -418,7 +480,7 @@ class ChatHandlers:
             )
             retried = replace(old, retried_by_task_id=new.task_id, updated_at=now)
             if not await chat.mark_retried(retried, new.task_id):  # a concurrent retry won
-                raise _not_retryable(await chat.task(old.task_id) or old)
+                raise not_retryable_error(await chat.task(old.task_id) or old)
             await chat.insert_task(new)
             gate = await gate_of(chat, new)
             appended = await self.event_log.append(
@@ -431,6 +493,47 @@ class ChatHandlers:
             )
         self.event_log.kick(appended)
         return TaskView(new, gate)
+
+    async def cancel_task(self, owner: str, task_id: str) -> TaskView:
+        """CancelChatTask: appends `task.cancel_requested` for a task that is queued or claimed (and,
+        once cancelled, answers it as it is). The scheduler decides: a task it still holds queued or
+        claimed becomes cancelled, and its `task.status_changed` brings the status and one system
+        message here; a task Codex started meanwhile runs to its end, its status_detail saying so.
+
+        Raises InvalidArgument (task_id), NotFound (TASK_NOT_FOUND: unknown or another owner's) and
+        FailedPrecondition (TASK_NOT_CANCELLABLE: running, or ended other than cancelled). A task the
+        master agent's model answers is cancelled here, by the master agent's chat
+        (`MasterAgentChat.cancel_task`): the scheduler never held it."""
+        raise_if_any(_task_id_violations(task_id))
+        if self.master is not None:
+            async with self.database.read() as connection:
+                asked = await _owned_task(SqlAlchemyChatRepository(connection), owner, task_id)
+            if is_model_task(asked):
+                return await self.master.cancel_task(owner, task_id)
+        async with self.database.transaction() as connection:
+            chat = SqlAlchemyChatRepository(connection)
+            task = await _owned_task(chat, owner, task_id)
+            gate = await gate_of(chat, task)
+            if task.status == CANCELLED:
+                return TaskView(task, gate)
+            if task.status not in CANCELLABLE_STATUSES:
+                raise FailedPrecondition(
+                    f"task {task_id!r} cannot be cancelled: it is {task.status.replace('_', ' ')}"
+                    + (
+                        " (Codex is running it; a turn that has started runs to its end)"
+                        if task.status == "running"
+                        else ""
+                    ),
+                    reason=TASK_NOT_CANCELLABLE,
+                )
+            requested = NewEvent(
+                TASK_CANCEL_REQUESTED,
+                {"owner_id": owner, "task_id": task_id, "requested_at": isoformat_utc(utc_now())},
+            )
+            appended = await self.event_log.append(connection, [requested])
+        self.event_log.kick(appended)
+        log.info("cancel of task %s requested by its owner", task_id)
+        return TaskView(task, gate)
 
     # --- projection of the scheduler's task events (inside the consumer's transaction) ---------------
 
@@ -445,9 +548,10 @@ class ChatHandlers:
         target_project_id (`result_message`: the thread's raw reply, or a system message), stores
         its id as the task's result_message_id and publishes `conversation.message.created`; a
         replayed event finds the task terminal and writes nothing. Events of tasks this service
-        does not know (or of another owner), and malformed ones, are skipped and logged.
+        does not know (or of another owner), and malformed ones, are skipped and logged. A group's
+        dispatch_execution task is applied by the group chat (`GroupHandlers.apply_dispatch_task`:
+        its message is named by its thread, and its plan moves).
         """
-        repository = SqlAlchemyConversationsRepository(connection)
         chat = SqlAlchemyChatRepository(connection)
         published: list[NewEvent] = []
         for event in events:
@@ -456,16 +560,21 @@ class ChatHandlers:
             except ValueError as error:
                 log.warning("task event %s skipped: %s", event.sequence, error)
                 continue
-            task = await chat.task(report.task_id)
-            if task is None or (report.owner_id and report.owner_id != task.owner_id):
+            view = await chat.task_in_view(report.task_id)
+            task = view.task if view is not None else None
+            if view is None or task is None or (report.owner_id and report.owner_id != task.owner_id):
                 log.info("task event %s for task %s unknown here skipped", event.sequence, report.task_id)
                 continue
             changed = apply_status_report(task, report, event.occurred_at)
             if changed is None:
                 continue
+            if task.task_type == DISPATCH_EXECUTION and self.groups is not None:  # CHAT-4: a plan's task
+                published += await self.groups.apply_dispatch_task(connection, changed, report, view.project)
+                continue
+            open_tasks, earlier = view.open_tasks, view.earlier_open_tasks
             if is_terminal(changed.status):
-                project = await repository.project(changed.target_project_id)
-                if project is None:
+                open_tasks, earlier = open_tasks - (0 if is_terminal(task.status) else 1), 0
+                if view.project is None:
                     log.error(
                         "task %s ended, but its project %s is unknown", task.task_id, task.target_project_id
                     )
@@ -473,7 +582,7 @@ class ChatHandlers:
                     result = result_message(changed, report)
                     message, created = await write_message(
                         connection,
-                        project,
+                        view.project,
                         author_kind=result.author_kind,
                         thread_id=result.thread_id,
                         text=result.text,
@@ -483,7 +592,7 @@ class ChatHandlers:
                     changed = replace(changed, result_message_id=message["message_id"])
                     published.append(created)
             await chat.save_status(changed)
-            published.append(task_updated_event(changed, await gate_of(chat, changed)))
+            published.append(task_updated_event(changed, collaboration_gate(open_tasks, earlier)))
         return published
 
 
@@ -509,10 +618,19 @@ async def _owned_task(chat: SqlAlchemyChatRepository, owner: str, task_id: str) 
     return task
 
 
-async def _repeat(chat: SqlAlchemyChatRepository, stored: dict[str, Any], text: str) -> SentMessage:
+async def answer_repeat(chat: SqlAlchemyChatRepository, stored: dict[str, Any], text: str) -> SentMessage:
     """The answer to a PostMessage whose client_message_id is stored already: the stored message
     and its current task when the text is the same. Raises AlreadyExists (CLIENT_MESSAGE_ID_REUSED)
     otherwise."""
+    check_repeat_text(stored, text)
+    task = await chat.current_task_of_message(stored["message_id"])
+    gate = await gate_of(chat, task) if task is not None else collaboration_gate(0, 0)
+    return SentMessage(stored, task, gate, created=False)
+
+
+def check_repeat_text(stored: Mapping[str, Any], text: str) -> None:
+    """A repeat of a stored message's client_message_id must carry the same text. Raises
+    AlreadyExists (CLIENT_MESSAGE_ID_REUSED, naming client_message_id) otherwise."""
     if stored["text"] != text:
         raise AlreadyExists(
             f"client_message_id {stored['client_message_id']!r} was sent before with another text",
@@ -523,9 +641,6 @@ async def _repeat(chat: SqlAlchemyChatRepository, stored: dict[str, Any], text: 
                 )
             ],
         )
-    task = await chat.current_task_of_message(stored["message_id"])
-    gate = await gate_of(chat, task) if task is not None else collaboration_gate(0, 0)
-    return SentMessage(stored, task, gate, created=False)
 
 
 def _project_id_violations(project_id: str) -> list[FieldViolation]:
@@ -543,7 +658,8 @@ def _task_id_violations(task_id: str) -> list[FieldViolation]:
     return violations
 
 
-def _not_retryable(task: ChatTask) -> FailedPrecondition:
+def not_retryable_error(task: ChatTask) -> FailedPrecondition:
+    """TASK_NOT_RETRYABLE for `task`, saying why (its status, or the retry it had already)."""
     why = (
         f"it was retried as {task.retried_by_task_id}" if task.retried_by_task_id else f"it is {task.status}"
     )

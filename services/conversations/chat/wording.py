@@ -16,8 +16,10 @@ from services.conversations.chat.domain import (
     ChatTask,
     StatusReport,
 )
+from services.conversations.domain.model import master_project_id
 
 THREAD_AUTHOR = "thread"
+MASTER_AUTHOR = "master"
 SYSTEM_AUTHOR = "system"
 
 
@@ -33,10 +35,13 @@ class ResultMessage:
 
 def result_message(task: ChatTask, report: StatusReport) -> ResultMessage:
     """The message a terminal report writes: completed -> the thread's reply exactly as Codex gave
-    it (no summary on top); a completed report without a reply, and every other terminal status ->
-    a system message (`system_message_text`)."""
+    it (no summary on top), authored "master" in the master agent's conversation (its own Codex
+    thread answered: master_codex_node); a completed report without a reply, and every other
+    terminal status -> a system message (`system_message_text`)."""
     if report.status == COMPLETED and report.reply_text:
-        return ResultMessage(THREAD_AUTHOR, task.target_thread_id, report.reply_text)
+        in_master = task.target_project_id == master_project_id(task.owner_id)
+        author = MASTER_AUTHOR if in_master else THREAD_AUTHOR
+        return ResultMessage(author, task.target_thread_id, report.reply_text)
     return ResultMessage(SYSTEM_AUTHOR, "", system_message_text(task, report))
 
 

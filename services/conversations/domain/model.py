@@ -33,7 +33,6 @@ HANDOFF_REQUIRED = "required"
 HANDOFF_READY = "ready"
 
 AUTHOR_KINDS = ("user", "thread", "master", "system")
-MAX_ID_LENGTH = 200
 MAX_TITLE_LENGTH = 200
 MAX_MESSAGE_LENGTH = 100_000
 
@@ -84,6 +83,10 @@ class ThreadBudget:
         level: "safe" | "watch" | "urgent" | "critical" (the server's classification).
         updated_at: when context_budget committed the reading (UTC).
         captured_at: when the worker took the reading (UTC); orders readings.
+        awaiting_reading_after_compaction: Codex compacted the thread after its last reading:
+            "compacted, waiting for the first reading" (remaining_pct is then 100, not measured).
+        compaction_limit_source: where the auto-compact limit came from ("configured",
+            "model_default", "assumed"; "" when not reported).
     """
 
     remaining_pct: float
@@ -99,6 +102,8 @@ class ThreadBudget:
     compaction_count: int = 0
     estimated_remaining_turns: int | None = None
     master_actions: tuple[str, ...] = ()
+    awaiting_reading_after_compaction: bool = False
+    compaction_limit_source: str = ""
 
     @property
     def percent(self) -> int:
@@ -123,7 +128,11 @@ class ThreadBudget:
 @dataclass(frozen=True)
 class Indicator:
     """The home-list ring (CB-12): shown for single_device projects and the master agent's main
-    thread, hidden for groups (CB-5, CB-16)."""
+    thread, hidden for groups (CB-5, CB-16).
+
+    `awaiting_reading_after_compaction`: the shown thread's latest report is "compacted, waiting for
+    the first reading"; its `percent` (100) is then a placeholder, not a measurement, and the ring
+    says "compacted" instead until the next real reading."""
 
     visible: bool
     percent: int = 0
@@ -133,15 +142,24 @@ class Indicator:
     source_node_id: str = ""
     updated_at: datetime | None = None
     must_finish_before_compaction: bool = False
+    awaiting_reading_after_compaction: bool = False
 
     def as_payload(self) -> dict[str, object]:
-        """The `context_budget_indicator` JSON object (seed §6.1)."""
-        return {"visible": self.visible, "style": self.style, "percent": self.percent, "level": self.level}
+        """The `context_budget_indicator` JSON object: the seed's four fields (§6.1) plus
+        `awaiting_reading_after_compaction`."""
+        return {
+            "visible": self.visible,
+            "style": self.style,
+            "percent": self.percent,
+            "level": self.level,
+            "awaiting_reading_after_compaction": self.awaiting_reading_after_compaction,
+        }
 
     def shows_the_same_as(self, other: Indicator) -> bool:
         """Whether the two rings show the same thing: visibility, whole percent, level, thread,
-        source node and must-finish flag. Only the time of the reading may differ: a new reading
-        of 61.8 % after one of 61.6 % leaves a ring that shows 61 % unchanged."""
+        source node, must-finish flag and "compacted, waiting for the first reading". Only the time
+        of the reading may differ: a new reading of 61.8 % after one of 61.6 % leaves a ring that
+        shows 61 % unchanged."""
         return self._shown() == other._shown()
 
     def _shown(self) -> tuple[object, ...]:
@@ -154,6 +172,7 @@ class Indicator:
             self.thread_id,
             self.source_node_id,
             self.must_finish_before_compaction,
+            self.awaiting_reading_after_compaction,
         )
 
 
@@ -177,6 +196,7 @@ def indicator_for(conversation_type: str, thread_id: str, budget: ThreadBudget |
         source_node_id=budget.node_id,
         updated_at=budget.updated_at,
         must_finish_before_compaction=budget.must_finish_before_compaction,
+        awaiting_reading_after_compaction=budget.awaiting_reading_after_compaction,
     )
 
 

@@ -4,35 +4,55 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.conversations.domain.model import (
-    AUTHOR_KINDS,
-    MAX_ID_LENGTH,
-    MAX_MESSAGE_LENGTH,
-    MAX_TITLE_LENGTH,
-)
+from services.conversations.domain.model import AUTHOR_KINDS, MAX_MESSAGE_LENGTH, MAX_TITLE_LENGTH
 from services.shared.errors import FieldViolation, InvalidArgument
+from services.shared.identifiers import (
+    control_character_problem,
+    folder_problem,
+    id_problem,
+    thread_id_problem,
+)
 
 
 def check_id(name: str, value: str, violations: list[FieldViolation], required: bool = True) -> None:
-    """Appends a violation when an id is missing (if required), too long or holds control characters."""
-    if not value:
-        if required:
-            violations.append(FieldViolation(name, "is required"))
+    """Appends a violation when an id is missing (if required), too long, holds a control (C0,
+    DEL, C1) or bidirectional formatting character (services/shared/identifiers.py), or has
+    surrounding spaces."""
+    if not value and not required:
         return
-    if len(value) > MAX_ID_LENGTH:
-        violations.append(FieldViolation(name, f"must be at most {MAX_ID_LENGTH} characters"))
-    elif any(ord(ch) < 32 for ch in value) or value != value.strip():
-        violations.append(FieldViolation(name, "must not contain control characters or surrounding spaces"))
+    if (problem := id_problem(value)) is not None:
+        violations.append(FieldViolation(name, problem))
+    elif value != value.strip():
+        violations.append(FieldViolation(name, "must not have surrounding spaces"))
+
+
+def check_thread_id(name: str, value: str, violations: list[FieldViolation], required: bool = True) -> None:
+    """`check_id`, and the thread-id alphabet (services/shared/identifiers.py): a thread id must be
+    one every client can open (no `/`, no bidirectional formatting)."""
+    before = len(violations)
+    check_id(name, value, violations, required)
+    if len(violations) == before and (problem := thread_id_problem(value)) is not None:
+        violations.append(FieldViolation(name, problem))
 
 
 def check_title(name: str, value: str, violations: list[FieldViolation], required: bool = True) -> str:
-    """The trimmed title; appends a violation when empty (if required) or longer than 200 characters."""
+    """The trimmed title; appends a violation when empty (if required), longer than 200 characters
+    or holding a control (C0, DEL, C1) or bidirectional formatting character."""
     title = value.strip()
     if not title and required:
         violations.append(FieldViolation(name, "must not be empty"))
     elif len(title) > MAX_TITLE_LENGTH:
         violations.append(FieldViolation(name, f"must be at most {MAX_TITLE_LENGTH} characters"))
+    elif (problem := control_character_problem(title)) is not None:
+        violations.append(FieldViolation(name, problem))
     return title
+
+
+def check_folder(name: str, value: str, violations: list[FieldViolation]) -> None:
+    """Appends a violation when a Codex working folder is longer than 4,096 characters or holds a
+    control character (services/shared/identifiers.py, as context_budget checks it)."""
+    if (problem := folder_problem(value)) is not None:
+        violations.append(FieldViolation(name, problem))
 
 
 def check_page_size(value: int, default: int, maximum: int, violations: list[FieldViolation]) -> int:

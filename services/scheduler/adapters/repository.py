@@ -14,8 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import BigInteger, Boolean, Float, Integer, and_, bindparam, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import BigInteger, Boolean, Float, Integer, and_, bindparam, or_, select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.scheduler.adapters.tables import (
@@ -39,6 +38,7 @@ from services.shared.sql_types import (
     driver_connection,
     fetch_driver_rows,
     run_driver_sql,
+    upsert,
 )
 from services.shared.time import isoformat_utc
 
@@ -64,6 +64,7 @@ class CommandRow:
     acked_at: datetime | None
     outcome: str
     outcome_detail: str
+    owner_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,16 +80,6 @@ class AlertRow:
     compaction_count: int
     opened_at: datetime
     resolved_at: datetime | None
-
-
-def _upsert_many(dialect: str, table: Any, sample: dict[str, Any], keys: Sequence[str]) -> Any:
-    """An executemany-able INSERT ... ON CONFLICT (keys) DO UPDATE for rows shaped like `sample`."""
-    module = postgresql if dialect == "postgresql" else sqlite
-    statement = module.insert(table)
-    return statement.on_conflict_do_update(
-        index_elements=list(keys),
-        set_={name: statement.excluded[name] for name in sample if name not in keys},
-    )
 
 
 def _json_insert(table: Any, columns: Sequence[str], keys: Sequence[str] = ()) -> str:
@@ -216,6 +207,7 @@ def _state_row(state: ThreadState, now: datetime) -> dict[str, Any]:
         "prepare_issued_at_critical": state.prepare_issued_at_critical,
         "commands_sent": ",".join(sorted(state.commands_sent)),
         "updated_at": now,
+        "owner_id": state.owner_id,
     }
 
 
@@ -262,6 +254,7 @@ def _state_values(state: ThreadState, now: datetime) -> list[Any]:
         state.prepare_issued_at_critical,
         ",".join(sorted(state.commands_sent)),
         now,
+        state.owner_id,
     ]
 
 
@@ -306,6 +299,7 @@ def _state_of(row: Any) -> ThreadState:
         prepare_issued_at=row["prepare_issued_at"],
         prepare_issued_at_critical=bool(row["prepare_issued_at_critical"]),
         commands_sent=frozenset(name for name in row["commands_sent"].split(",") if name),
+        owner_id=row["owner_id"],
     )
 
 
@@ -504,11 +498,16 @@ class SqlAlchemySchedulerRepository:
         """One thread's state, None when unknown."""
         return (await self.threads_by_id(connection, [thread_id])).get(thread_id)
 
-    async def threads(self, connection: AsyncConnection, project_id: str = "") -> list[ThreadState]:
-        """Every thread's state, or a project's when `project_id` is set."""
+    async def threads(
+        self, connection: AsyncConnection, project_id: str = "", owner_id: str | None = None
+    ) -> list[ThreadState]:
+        """Every thread's state, or a project's when `project_id` is set; with `owner_id`, only that
+        owner's threads."""
         query = select(scheduled_threads)
         if project_id:
             query = query.where(scheduled_threads.c.project_id == project_id)
+        if owner_id is not None:
+            query = query.where(scheduled_threads.c.owner_id == owner_id)
         return [_state_of(row) for row in (await connection.execute(query)).mappings()]
 
     async def save_threads(
@@ -539,7 +538,19 @@ class SqlAlchemySchedulerRepository:
                     written.pop(state.thread_id, None)
             return
         rows = [_state_row(state, now) for state in states]
-        await connection.execute(_upsert_many(self._dialect, scheduled_threads, rows[0], ["thread_id"]), rows)
+        await connection.execute(upsert(self._dialect, scheduled_threads, rows[0], ["thread_id"]), rows)
+
+    async def move_thread(
+        self, connection: AsyncConnection, thread_id: str, owner_id: str, node_id: str, worker_id: str
+    ) -> bool:
+        """Routes `owner_id`'s thread to the device (node_id, worker_id): its commands go there
+        from now on. False when the scheduler has no such thread of that owner."""
+        result = await connection.execute(
+            update(scheduled_threads)
+            .where(scheduled_threads.c.thread_id == thread_id, scheduled_threads.c.owner_id == owner_id)
+            .values(node_id=node_id, worker_id=worker_id)
+        )
+        return bool(result.rowcount)
 
     async def threads_of_projects(
         self, connection: AsyncConnection, project_ids: Iterable[str]
@@ -703,9 +714,11 @@ class SqlAlchemySchedulerRepository:
         node_id: str,
         redeliver_before: datetime,
         include_delivered: bool,
+        owner_id: str | None = None,
     ) -> list[CommandRow]:
-        """Unacknowledged commands of a worker on a node, in issue order: pending ones, and delivered
-        ones (all when `include_delivered`, else only those last sent before `redeliver_before`)."""
+        """Unacknowledged commands of a worker on a node (with `owner_id`: that owner's device), in
+        issue order: pending ones, and delivered ones (all when `include_delivered`, else only
+        those last sent before `redeliver_before`)."""
         delivered = worker_commands.c.command_status == "delivered"
         if not include_delivered:
             delivered = and_(delivered, worker_commands.c.delivered_at <= redeliver_before)
@@ -716,6 +729,7 @@ class SqlAlchemySchedulerRepository:
                     worker_commands.c.worker_id == worker_id,
                     worker_commands.c.node_id == node_id,
                     or_(worker_commands.c.command_status == "pending", delivered),
+                    true() if owner_id is None else worker_commands.c.owner_id == owner_id,
                 )
             )
             .order_by(worker_commands.c.id)
@@ -767,10 +781,19 @@ class SqlAlchemySchedulerRepository:
         return int(result.rowcount or 0)
 
     async def alerts(
-        self, connection: AsyncConnection, thread_id: str = "", project_id: str = "", open_only: bool = False
+        self,
+        connection: AsyncConnection,
+        thread_id: str = "",
+        project_id: str = "",
+        open_only: bool = False,
+        owner_id: str | None = None,
     ) -> list[AlertRow]:
-        """Alerts, newest first, filtered by thread, project and openness."""
+        """Alerts, newest first, filtered by thread, project and openness; with `owner_id`, only
+        alerts of that owner's threads."""
         query = select(handoff_alerts).order_by(handoff_alerts.c.opened_at.desc(), handoff_alerts.c.alert_id)
+        if owner_id is not None:
+            owned = select(scheduled_threads.c.thread_id).where(scheduled_threads.c.owner_id == owner_id)
+            query = query.where(handoff_alerts.c.thread_id.in_(owned))
         if thread_id:
             query = query.where(handoff_alerts.c.thread_id == thread_id)
         if project_id:
@@ -779,23 +802,28 @@ class SqlAlchemySchedulerRepository:
             query = query.where(handoff_alerts.c.alert_status == "opened")
         return [_alert_of(row) for row in (await connection.execute(query)).mappings()]
 
-    async def strategies(self, connection: AsyncConnection, project_ids: Iterable[str]) -> dict[str, str]:
-        """The last published strategy summary per project."""
+    async def strategies(
+        self, connection: AsyncConnection, project_ids: Iterable[str]
+    ) -> dict[tuple[str, str], str]:
+        """The last published strategy summaries of the projects, by (owner_id, project_id)."""
         ids = list(set(project_ids))
         if not ids:
             return {}
         rows = await connection.execute(
             select(project_strategies).where(project_strategies.c.project_id.in_(ids))
         )
-        return {row["project_id"]: row["summary"] for row in rows.mappings()}
+        return {(row["owner_id"], row["project_id"]): row["summary"] for row in rows.mappings()}
 
     async def save_strategies(
-        self, connection: AsyncConnection, summaries: dict[str, str], now: datetime
+        self, connection: AsyncConnection, summaries: dict[tuple[str, str], str], now: datetime
     ) -> None:
-        """Records the summaries just published, by project (one executemany)."""
+        """Records the summaries just published, by (owner_id, project_id) (one executemany)."""
         if not summaries:
             return
-        rows = [{"project_id": key, "summary": value, "updated_at": now} for key, value in summaries.items()]
+        rows = [
+            {"owner_id": owner_id, "project_id": project_id, "summary": summary, "updated_at": now}
+            for (owner_id, project_id), summary in summaries.items()
+        ]
         await connection.execute(
-            _upsert_many(self._dialect, project_strategies, rows[0], ["project_id"]), rows
+            upsert(self._dialect, project_strategies, rows[0], ["owner_id", "project_id"]), rows
         )

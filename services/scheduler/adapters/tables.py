@@ -1,12 +1,14 @@
 """SQLAlchemy Core tables of the scheduler (schema `scheduler` on PostgreSQL), on one MetaData.
 
-- `scheduled_threads`: the scheduling view of each thread (one row per thread_id).
+- `scheduled_threads`: the scheduling view of each thread (one row per thread_id), with its owner.
 - `thread_handoff_packages`: CB-6 packages; list fields are JSON text.
-- `worker_commands`: commands for workers, persisted until acknowledged.
+- `worker_commands`: commands for workers, persisted until acknowledged (for one owner's device).
 - `handoff_alerts`: `handoff_missing` alerts (CB-6 alert shape); see services/scheduler/README.md for why
   they live here and not in context_budget.
-- `project_strategies`: the last strategy summary published per project (to publish only changes).
+- `project_strategies`: the last strategy summary published per owner and project (to publish only
+  changes).
 - outbox tables (`outbox_events`, `outbox_sequencer`, `event_cursors`).
+- `revoked_devices`: devices whose tokens are refused (from the conversations service's events).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from sqlalchemy import (
     Text,
 )
 
+from services.shared.devices import define_revoked_devices_table
 from services.shared.outbox import define_outbox_tables
+from services.shared.retention import define_retention_tables
 from services.shared.sql_types import UtcDateTime
 
 metadata = MetaData()
@@ -68,7 +72,9 @@ scheduled_threads = Table(
     Column("prepare_issued_at_critical", Boolean, nullable=False, default=False),
     Column("commands_sent", Text, nullable=False, default=""),
     Column("updated_at", UtcDateTime, nullable=False),
+    Column("owner_id", String(200), nullable=False, default="local", server_default="local"),
     Index("ix_scheduled_threads_project", "project_id"),
+    Index("ix_scheduled_threads_owner", "owner_id"),
 )
 
 thread_handoff_packages = Table(
@@ -124,6 +130,7 @@ worker_commands = Table(
     Column("acked_at", UtcDateTime, nullable=True),
     Column("outcome", String(20), nullable=False, default=""),
     Column("outcome_detail", Text, nullable=False, default=""),
+    Column("owner_id", String(200), nullable=False, default="local", server_default="local"),
     Index("ix_worker_commands_node_status", "node_id", "worker_id", "command_status", "id"),
 )
 
@@ -145,9 +152,13 @@ handoff_alerts = Table(
 project_strategies = Table(
     "project_strategies",
     metadata,
+    Column("owner_id", String(200), primary_key=True),
     Column("project_id", String(200), primary_key=True),
     Column("summary", Text, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
 )
 
 outbox_events, outbox_sequencer, event_cursors = define_outbox_tables(metadata)
+# Outbox and history retention (services/shared/retention.py).
+event_consumers, retention_marks = define_retention_tables(metadata)
+revoked_devices = define_revoked_devices_table(metadata)

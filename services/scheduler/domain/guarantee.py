@@ -229,6 +229,7 @@ def apply_report(
         task_id=report.task_id,
         node_id=report.node_id or state.node_id,
         worker_id=report.worker_id or state.worker_id,
+        owner_id=report.owner_id or state.owner_id,
         codex_folder=report.codex_folder or state.codex_folder,
         level=report.level,
         remaining_pct=report.remaining_pct,

@@ -92,6 +92,7 @@ class BudgetReport:
         compaction_count: compactions seen in the thread so far; an increase is a compaction.
         captured_at: when the worker took the reading (orders reports).
         last_total_tokens: T of SPEC D-1 (tokens); a change means the thread was active.
+        owner_id: the owner of the reporting device (from its token, via context_budget).
     """
 
     thread_id: str
@@ -110,6 +111,7 @@ class BudgetReport:
     snapshot_version: int
     captured_at: datetime
     last_total_tokens: int = 0
+    owner_id: str = ""
 
 
 # The `commands_sent` marker of an epoch in which a report was at risk (CB-19).
@@ -125,7 +127,8 @@ class ThreadState:
     `epoch` is the compaction_count the handoff bookkeeping belongs to: it restarts at each
     compaction. `commands_sent` lists command types already issued in this epoch (at most once each,
     except the critical re-issue of prepare_handoff, tracked by `prepare_issued_at_critical`) and the
-    marker AT_RISK_MARKER once a report of the epoch was at risk (CB-19).
+    marker AT_RISK_MARKER once a report of the epoch was at risk (CB-19). `owner_id` is the owner of
+    the device the thread belongs to: client tokens of other owners never see the thread.
     """
 
     thread_id: str
@@ -163,6 +166,7 @@ class ThreadState:
     prepare_issued_at: datetime | None = None
     prepare_issued_at_critical: bool = False
     commands_sent: frozenset[str] = field(default_factory=frozenset)
+    owner_id: str = ""
 
     @property
     def wrapping_up(self) -> bool:

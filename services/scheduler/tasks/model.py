@@ -3,8 +3,11 @@
 Statuses: queued -> claimed -> running -> completed | failed | timed_out, with claimed -> queued when
 a claim's lease runs out before the run started, queued -> expired when the task waited too long
 for an offline device, and queued | claimed -> cancelled. Terminal statuses never change again. A
-running task is never queued again: a Codex turn has side effects, so a run whose agent stopped
-answering is failed (`device_lost`), and the user may retry it as a new task.
+running task is never queued again once its agent may have started the run: a Codex turn has side
+effects, so a run whose agent stopped answering is failed (`device_lost`), and the user may retry it
+as a new task. The one exception is a task a claim started (`ClaimTask` with `start`) whose answer
+never reached the agent (its call was cancelled before the answer went out): nobody holds its
+lease, so it goes back to queued.
 """
 
 from __future__ import annotations
@@ -97,7 +100,8 @@ class TaskSettings:
         presence_window: a device whose local agent was not seen for this long is offline.
         queue_expiry: a queued task expires once it waited this long while its device is offline.
         sweep_interval: how often the sweeper looks for leases run out and offline devices.
-        presence_write_interval: at most one presence write per node per this span, per process.
+        presence_write_interval: at most one presence write per device (owner and node) per this
+            span, per process.
     """
 
     claim_lease: timedelta = timedelta(seconds=30)

@@ -16,11 +16,20 @@ On PostgreSQL the candidate is locked with `FOR UPDATE SKIP LOCKED`, so concurre
 scheduler processes) take different tasks without waiting on each other; the partial unique index
 `ux_tasks_thread_active` refuses a second claimed or running task of one thread whatever happens,
 and the claim is then tried again.
+
+Batches (`claim_many`, `start_many`, `heartbeat_many`, `finish_many`, `record_presence_many`): the
+agents' calls of one write batch (services/scheduler/tasks/writes.py), one statement per kind on
+PostgreSQL (the calls as one JSON array, `json_to_recordset`; the claims as one LATERAL pick per
+node), each call's result returned in its place; on SQLite the single statements one after the
+other. A batch's claims take, per node, as many of its claimable tasks as it has claims (in claim
+order, the claims ranked by their place in the batch): only the oldest open task of a thread is
+claimable, so one statement never claims two tasks of a thread.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -33,6 +42,7 @@ from services.scheduler.tasks.model import FailureKind, Task, TaskSettings, Task
 from services.scheduler.tasks.rules import FinishOutcome
 from services.scheduler.tasks.sweep import SweepAction, SweepKind
 from services.scheduler.tasks.tables import tasks
+from services.shared.auth import DEFAULT_OWNER_ID
 from services.shared.sql_types import CarriedWrites, run_driver_sql
 
 SWEEP_LIMIT = 500
@@ -51,7 +61,10 @@ _TIMES = frozenset(
     )
 )
 _INSERTED = tuple(name for name in _COLUMNS if name != "id")
-_PRESENCE = "(SELECT p.last_seen_at FROM device_presence p WHERE p.node_id = tasks.device_id)"
+_PRESENCE = (
+    "(SELECT p.last_seen_at FROM device_presence p "
+    "WHERE p.owner_id = tasks.owner_id AND p.node_id = tasks.device_id)"
+)
 _RETURNING = ", ".join(f"tasks.{name}" for name in _COLUMNS) + f", {_PRESENCE}"
 _SELECTED = ", ".join(f"t.{name}" for name in _COLUMNS)
 _SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%S', 'now'{m}) || substr(strftime('%f', 'now'{m}), 3) || '000'"
@@ -70,11 +83,34 @@ def _time_expression(postgres: bool, sign: str | None, name: str | None) -> str:
 @dataclass(frozen=True)
 class RequestLookup:
     """What `lookup` found: database `now`, the task ids stored already, and each ever seen
-    node's last seen instant."""
+    device's last seen instant, by (owner_id, node_id)."""
 
     now: datetime
     existing: set[str]
-    last_seen: dict[str, datetime]
+    last_seen: dict[tuple[str, str], datetime]
+
+
+@dataclass(frozen=True)
+class LeaseCall:
+    """A fenced call of an agent on one task: who (`worker_id` on `node_id`, enrolled for
+    `owner_id`: the token's owner) presents which lease. A task of another owner never matches."""
+
+    task_id: str
+    node_id: str
+    worker_id: str
+    lease_id: str
+    owner_id: str = DEFAULT_OWNER_ID
+
+
+@dataclass(frozen=True)
+class ClaimCall:
+    """One claim of `worker_id` on `node_id` under a fresh `lease_id`, for the tasks of `owner_id`
+    only (the worker token's owner: a device of another owner with the same node id claims none)."""
+
+    node_id: str
+    worker_id: str
+    lease_id: str
+    owner_id: str = DEFAULT_OWNER_ID
 
 
 @dataclass(frozen=True)
@@ -116,6 +152,26 @@ def _instant(value: Any) -> datetime | None:
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value.astimezone(UTC)
+
+
+def _call_row(call: LeaseCall) -> dict[str, Any]:
+    """A fenced call as a row of the batch statements' JSON array (its position set later)."""
+    return {
+        "task_id": call.task_id,
+        "lease_id": call.lease_id,
+        "node_id": call.node_id,
+        "worker_id": call.worker_id,
+        "owner_id": call.owner_id,
+    }
+
+
+def _in_place(count: int, rows: Sequence[Sequence[Any]]) -> list[Task | None]:
+    """The tasks of a batch statement's rows (each led by its call's position) in their calls'
+    places; None for a call no row answered."""
+    found: list[Task | None] = [None] * count
+    for row in rows:
+        found[int(row[0])] = task_of(row[1:])
+    return found
 
 
 def task_of(row: Sequence[Any]) -> Task:
@@ -163,7 +219,7 @@ UPDATE tasks SET status = 'claimed', lease_id = %(lease_id)s, attempt = attempt 
   updated_at = {{now}}, status_detail = '', device_offline = FALSE
 WHERE id = (
   SELECT t.id FROM tasks t
-  WHERE t.device_id = %(node_id)s AND t.status = 'queued'
+  WHERE t.device_id = %(node_id)s AND t.owner_id = %(owner_id)s AND t.status = 'queued'
     AND NOT EXISTS (
       SELECT 1 FROM tasks e WHERE e.target_thread_id = t.target_thread_id
         AND e.status IN ('queued', 'claimed', 'running') AND (e.id < t.id OR e.status <> 'queued'))
@@ -172,7 +228,7 @@ RETURNING {_RETURNING}"""
 
 _FENCED = (
     "WHERE task_id = %(task_id)s AND lease_id = %(lease_id)s AND device_id = %(node_id)s "
-    "AND worker_id = %(worker_id)s"
+    "AND worker_id = %(worker_id)s AND owner_id = %(owner_id)s"
 )
 
 _START = f"""
@@ -195,13 +251,86 @@ UPDATE tasks SET status = %(status)s, finished_at = {{now}}, lease_expires_at = 
 {_FENCED} AND status = 'running'
 RETURNING {_RETURNING}"""
 
+_CALLS = (
+    "json_to_recordset(%(calls)s::json) AS c(position int, task_id text, lease_id text, node_id text, "
+    "worker_id text, owner_id text{extra})"
+)
+_FENCED_MANY = (
+    "WHERE tasks.task_id = c.task_id AND tasks.lease_id = c.lease_id AND tasks.device_id = c.node_id "
+    "AND tasks.worker_id = c.worker_id AND tasks.owner_id = c.owner_id"
+)
+
+_OUTCOME_COLUMNS = (
+    ", status text, reply_text text, failure_kind text, status_detail text, codex_session_id text"
+)
+
+_START_MANY = f"""
+UPDATE tasks SET status = 'running', started_at = {{now}}, lease_expires_at = {{now+lease_seconds}},
+  updated_at = {{now}}
+FROM {_CALLS.format(extra="")}
+{_FENCED_MANY} AND tasks.status = 'claimed'
+RETURNING c.position, {_RETURNING}"""
+
+_HEARTBEAT_MANY = f"""
+UPDATE tasks SET lease_expires_at = {{now+lease_seconds}}, heartbeat_at = {{now}}, updated_at = {{now}}
+FROM {_CALLS.format(extra="")}
+{_FENCED_MANY} AND tasks.status = 'running'
+RETURNING c.position, {_RETURNING}"""
+
+_FINISH_MANY = f"""
+UPDATE tasks SET status = c.status, finished_at = {{now}}, lease_expires_at = NULL,
+  reply_text = c.reply_text, failure_kind = c.failure_kind, status_detail = c.status_detail,
+  codex_session_id = CASE WHEN c.codex_session_id = '' THEN tasks.codex_session_id
+    ELSE c.codex_session_id END,
+  updated_at = {{now}}
+FROM {_CALLS.format(extra=_OUTCOME_COLUMNS)}
+{_FENCED_MANY} AND tasks.status = 'running'
+RETURNING c.position, {_RETURNING}"""
+
+_CLAIM_MANY = f"""
+WITH requested AS (
+  SELECT * FROM json_to_recordset(%(claims)s::json)
+    AS r(position int, node_id text, owner_id text, worker_id text, lease_id text, rank int)
+), picked AS (
+  SELECT n.node_id, n.owner_id, c.id,
+    row_number() OVER (PARTITION BY n.node_id, n.owner_id ORDER BY c.id) AS rank
+  FROM (SELECT node_id, owner_id, count(*) AS wanted FROM requested GROUP BY node_id, owner_id) AS n
+  CROSS JOIN LATERAL (
+    SELECT t.id FROM tasks t
+    WHERE t.device_id = n.node_id AND t.owner_id = n.owner_id AND t.status = 'queued'
+      AND NOT EXISTS (
+        SELECT 1 FROM tasks e WHERE e.target_thread_id = t.target_thread_id
+          AND e.status IN ('queued', 'claimed', 'running') AND (e.id < t.id OR e.status <> 'queued'))
+    ORDER BY t.id LIMIT n.wanted FOR UPDATE SKIP LOCKED) AS c
+)
+UPDATE tasks SET status = 'claimed', lease_id = r.lease_id, attempt = attempt + 1,
+  worker_id = r.worker_id, claimed_at = {{now}}, lease_expires_at = {{now+lease_seconds}},
+  updated_at = {{now}}, status_detail = '', device_offline = FALSE
+FROM picked JOIN requested r
+  ON r.node_id = picked.node_id AND r.owner_id = picked.owner_id AND r.rank = picked.rank
+WHERE tasks.id = picked.id
+RETURNING r.position, {_RETURNING}"""
+
+_PRESENCE_CONFLICT = (
+    "ON CONFLICT (owner_id, node_id) DO UPDATE SET worker_id = excluded.worker_id, "
+    "last_seen_at = excluded.last_seen_at"
+)
+_PRESENCE_WRITE_MANY = f"""
+INSERT INTO device_presence (owner_id, node_id, worker_id, last_seen_at)
+SELECT p.owner_id, p.node_id, p.worker_id, now()
+FROM json_to_recordset(%(seen)s::json) AS p(owner_id text, node_id text, worker_id text)
+{_PRESENCE_CONFLICT}"""
+# A task's device: its owner's node (two owners' machines may share a node id).
+_DEVICE_OF_TASK = "device_presence p ON p.owner_id = t.owner_id AND p.node_id = t.device_id"
+
 _GET = f"""
-SELECT {_SELECTED}, p.last_seen_at FROM tasks t LEFT JOIN device_presence p ON p.node_id = t.device_id
+SELECT {_SELECTED}, p.last_seen_at FROM tasks t LEFT JOIN {_DEVICE_OF_TASK}
 WHERE t.task_id = %(task_id)s"""
 
-_PRESENCE_WRITE = """
-INSERT INTO device_presence (node_id, worker_id, last_seen_at) VALUES (%(node_id)s, %(worker_id)s, {now})
-ON CONFLICT (node_id) DO UPDATE SET worker_id = excluded.worker_id, last_seen_at = excluded.last_seen_at"""
+_PRESENCE_WRITE = f"""
+INSERT INTO device_presence (owner_id, node_id, worker_id, last_seen_at)
+VALUES (%(owner_id)s, %(node_id)s, %(worker_id)s, {{now}})
+{_PRESENCE_CONFLICT}"""
 
 _INSERT = (
     f"INSERT INTO tasks ({', '.join(_INSERTED)}) VALUES ({', '.join(f'%({n})s' for n in _INSERTED)}) "
@@ -215,11 +344,11 @@ _INSERT_MANY_POSTGRES = (
 
 _SWEEP = f"""
 SELECT {_SELECTED}, p.last_seen_at, {{now}} FROM tasks t
-  LEFT JOIN device_presence p ON p.node_id = t.device_id
+  LEFT JOIN {_DEVICE_OF_TASK}
 WHERE t.status IN ('claimed', 'running') AND t.lease_expires_at <= {{now}}
 UNION ALL
 SELECT {_SELECTED}, p.last_seen_at, {{now}} FROM tasks t
-  LEFT JOIN device_presence p ON p.node_id = t.device_id
+  LEFT JOIN {_DEVICE_OF_TASK}
 WHERE t.status = 'queued' AND (
   (NOT t.device_offline AND (p.last_seen_at IS NULL OR p.last_seen_at <= {{now-window_seconds}}))
   OR (t.device_offline
@@ -247,17 +376,50 @@ WHERE task_id = %(task_id)s AND status = 'queued' AND device_offline""",
 UPDATE tasks SET status = 'expired', status_detail = %(status_detail)s, finished_at = {now},
   updated_at = {now}
 WHERE task_id = %(task_id)s AND status = 'queued' AND NOT EXISTS (
-  SELECT 1 FROM device_presence p WHERE p.node_id = tasks.device_id
+  SELECT 1 FROM device_presence p WHERE p.owner_id = tasks.owner_id AND p.node_id = tasks.device_id
     AND p.last_seen_at > {now-window_seconds})""",
 }
 
-_LOOKUP_POSTGRES = """
+_CANCEL = (
+    """
+UPDATE tasks SET status = 'cancelled', status_detail = %(status_detail)s, finished_at = {now},
+  lease_expires_at = NULL, device_offline = FALSE, updated_at = {now}
+WHERE task_id = %(task_id)s AND owner_id = %(owner_id)s AND status IN ('queued', 'claimed')
+RETURNING """
+    + _RETURNING
+)
+
+_RELEASE = (
+    """
+UPDATE tasks SET status = 'queued', lease_id = '', lease_expires_at = NULL, started_at = NULL,
+  status_detail = %(status_detail)s, updated_at = {now}
+WHERE task_id = %(task_id)s AND lease_id = %(lease_id)s AND status = 'running' AND heartbeat_at IS NULL
+RETURNING """
+    + _RETURNING
+)
+
+_CANCEL_TOO_LATE = (
+    """
+UPDATE tasks SET status_detail = %(status_detail)s, updated_at = {now}
+WHERE task_id = %(task_id)s AND owner_id = %(owner_id)s AND status = 'running'
+  AND status_detail <> %(status_detail)s
+RETURNING """
+    + _RETURNING
+)
+
+# The presence rows of the asked devices, [owner_id, node_id] pairs as one JSON array.
+_ASKED_POSTGRES = (
+    "FROM device_presence WHERE (owner_id, node_id) IN (SELECT d->>0, d->>1 "
+    "FROM json_array_elements(%(devices)s::json) AS d) ORDER BY owner_id, node_id"
+)
+_LOOKUP_POSTGRES = f"""
 SELECT now(), ARRAY(SELECT task_id FROM tasks WHERE task_id = ANY(%(ids)s)),
-  ARRAY(SELECT node_id FROM device_presence WHERE node_id = ANY(%(nodes)s) ORDER BY node_id),
-  ARRAY(SELECT last_seen_at FROM device_presence WHERE node_id = ANY(%(nodes)s) ORDER BY node_id)"""
+  ARRAY(SELECT owner_id {_ASKED_POSTGRES}), ARRAY(SELECT node_id {_ASKED_POSTGRES}),
+  ARRAY(SELECT last_seen_at {_ASKED_POSTGRES})"""
 _PRESENCE_AND_NOW_SQLITE = f"""
-SELECT {_SQLITE_NOW.format(m="")}, p.node_id, p.last_seen_at FROM (SELECT 1) AS one
-  LEFT JOIN device_presence p ON p.node_id IN (SELECT value FROM json_each(:nodes))"""
+SELECT {_SQLITE_NOW.format(m="")}, p.owner_id, p.node_id, p.last_seen_at FROM (SELECT 1) AS one
+  LEFT JOIN device_presence p ON (p.owner_id, p.node_id) IN
+    (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:devices))"""
 _EXISTING_SQLITE = "SELECT task_id FROM tasks WHERE task_id IN (SELECT value FROM json_each(:ids))"
 _NOTIFY = "SELECT pg_notify(%(channel)s, node) FROM unnest(%(nodes)s::text[]) AS node"
 
@@ -279,6 +441,13 @@ class SqlAlchemyTaskRepository:
         self._sweep_writes = {
             kind: self._statement(f"{sql}\nRETURNING {_RETURNING}") for kind, sql in _SWEEP_WRITES.items()
         }
+        self._cancel = self._statement(_CANCEL)
+        self._cancel_too_late = self._statement(_CANCEL_TOO_LATE)
+        self._release = self._statement(_RELEASE)
+        self._claim_many = self._statement(_CLAIM_MANY)
+        self._start_many = self._statement(_START_MANY)
+        self._heartbeat_many = self._statement(_HEARTBEAT_MANY)
+        self._finish_many = self._statement(_FINISH_MANY)
 
     def _statement(self, template: str) -> _Statement:
         return _Statement.of(template, self.postgres)
@@ -298,33 +467,34 @@ class SqlAlchemyTaskRepository:
     # ---- creation ------------------------------------------------------------------------------
 
     async def lookup(
-        self, connection: AsyncConnection, task_ids: Sequence[str], nodes: Sequence[str]
+        self, connection: AsyncConnection, task_ids: Sequence[str], devices: Sequence[tuple[str, str]]
     ) -> RequestLookup:
         """What creating tasks needs to know: the database's current time, which of `task_ids`
-        are stored already, and the last seen instant of each of `nodes` ever seen (PostgreSQL: one
-        statement)."""
+        are stored already, and the last seen instant of each of `devices` ((owner_id, node_id))
+        ever seen (PostgreSQL: one statement)."""
+        asked = orjson.dumps(sorted(set(devices))).decode()
         if self.postgres:
             rows = await run_driver_sql(
-                connection, _LOOKUP_POSTGRES, {"ids": list(task_ids), "nodes": list(nodes)}
+                connection, _LOOKUP_POSTGRES, {"ids": list(task_ids), "devices": asked}
             )
-            now, existing, seen_nodes, seen_at = rows[0]
-            seen = dict(zip(seen_nodes, seen_at, strict=True))
+            now, existing, seen_owners, seen_nodes, seen_at = rows[0]
+            seen = dict(zip(zip(seen_owners, seen_nodes, strict=True), seen_at, strict=True))
         else:
-            result = await connection.exec_driver_sql(
-                _PRESENCE_AND_NOW_SQLITE, {"nodes": orjson.dumps(list(nodes)).decode()}
-            )
+            result = await connection.exec_driver_sql(_PRESENCE_AND_NOW_SQLITE, {"devices": asked})
             presence = [tuple(row) for row in result.fetchall()]
             now = presence[0][0]
-            seen = {row[1]: row[2] for row in presence if row[1] is not None}
+            seen = {(row[1], row[2]): row[3] for row in presence if row[2] is not None}
             result = await connection.exec_driver_sql(
                 _EXISTING_SQLITE, {"ids": orjson.dumps(list(task_ids)).decode()}
             )
             existing = [row[0] for row in result.fetchall()]
         instant = _instant(now)
         assert instant is not None
-        last_seen = {node: _instant(value) for node, value in seen.items()}
+        last_seen = {device: _instant(value) for device, value in seen.items()}
         return RequestLookup(
-            instant, set(existing), {node: value for node, value in last_seen.items() if value is not None}
+            instant,
+            set(existing),
+            {device: value for device, value in last_seen.items() if value is not None},
         )
 
     async def insert(self, connection: AsyncConnection, new_tasks: Sequence[Task]) -> set[str]:
@@ -426,16 +596,23 @@ class SqlAlchemyTaskRepository:
     # ---- the agent's calls --------------------------------------------------------------------
 
     async def claim(
-        self, connection: AsyncConnection, node_id: str, worker_id: str, lease_id: str, lease: timedelta
+        self,
+        connection: AsyncConnection,
+        node_id: str,
+        worker_id: str,
+        lease_id: str,
+        lease: timedelta,
+        owner_id: str = DEFAULT_OWNER_ID,
     ) -> Task | None:
-        """Claims the oldest claimable task of `node_id` for `worker_id` under `lease_id`, its lease
-        running out `lease` after database now; None when none is claimable. Raises
-        sqlalchemy.exc.IntegrityError when another claim took the thread meanwhile (retry)."""
+        """Claims the oldest claimable task of `owner_id` on `node_id` for `worker_id` under
+        `lease_id`, its lease running out `lease` after database now; None when none is claimable.
+        Raises sqlalchemy.exc.IntegrityError when another claim took the thread meanwhile (retry)."""
         rows = await self._run(
             connection,
             self._claim,
             {
                 "node_id": node_id,
+                "owner_id": owner_id,
                 "worker_id": worker_id,
                 "lease_id": lease_id,
                 "lease_seconds": lease.total_seconds(),
@@ -451,6 +628,7 @@ class SqlAlchemyTaskRepository:
         worker_id: str,
         lease_id: str,
         lease: timedelta,
+        owner_id: str = DEFAULT_OWNER_ID,
     ) -> Task | None:
         """claimed -> running under the presented lease (renewed to `lease` from now); None when
         the fence does not hold (unknown task, other node or worker, other lease, not claimed)."""
@@ -462,6 +640,7 @@ class SqlAlchemyTaskRepository:
                 "node_id": node_id,
                 "worker_id": worker_id,
                 "lease_id": lease_id,
+                "owner_id": owner_id,
                 "lease_seconds": lease.total_seconds(),
             },
         )
@@ -475,6 +654,7 @@ class SqlAlchemyTaskRepository:
         worker_id: str,
         lease_id: str,
         lease: timedelta,
+        owner_id: str = DEFAULT_OWNER_ID,
     ) -> Task | None:
         """Renews a running task's lease to `lease` from now and records the heartbeat; None when
         the fence does not hold."""
@@ -486,6 +666,7 @@ class SqlAlchemyTaskRepository:
                 "node_id": node_id,
                 "worker_id": worker_id,
                 "lease_id": lease_id,
+                "owner_id": owner_id,
                 "lease_seconds": lease.total_seconds(),
             },
         )
@@ -499,6 +680,7 @@ class SqlAlchemyTaskRepository:
         worker_id: str,
         lease_id: str,
         outcome: FinishOutcome,
+        owner_id: str = DEFAULT_OWNER_ID,
     ) -> Task | None:
         """running -> the outcome's status under the presented lease; None when the fence does
         not hold."""
@@ -510,6 +692,7 @@ class SqlAlchemyTaskRepository:
                 "node_id": node_id,
                 "worker_id": worker_id,
                 "lease_id": lease_id,
+                "owner_id": owner_id,
                 "status": outcome.status.value,
                 "reply_text": outcome.reply_text,
                 "failure_kind": outcome.failure_kind.value,
@@ -519,14 +702,167 @@ class SqlAlchemyTaskRepository:
         )
         return task_of(rows[0]) if rows else None
 
+    async def cancel(
+        self, connection: AsyncConnection, task_id: str, owner_id: str, status_detail: str
+    ) -> Task | None:
+        """queued | claimed -> cancelled for the owner's task (a claim's lease is void: its
+        StartTask is refused); None when the task is not the owner's or is past claimed."""
+        parameters = {"task_id": task_id, "owner_id": owner_id, "status_detail": status_detail}
+        rows = await self._run(connection, self._cancel, parameters)
+        return task_of(rows[0]) if rows else None
+
+    async def release(
+        self, connection: AsyncConnection, task_id: str, lease_id: str, status_detail: str
+    ) -> Task | None:
+        """running -> queued for a task that a claim started under `lease_id` and whose answer
+        never reached its agent (the call was cancelled first), so no run can have begun; None when
+        the task is not running under that lease or has had a heartbeat."""
+        parameters = {"task_id": task_id, "lease_id": lease_id, "status_detail": status_detail}
+        rows = await self._run(connection, self._release, parameters)
+        return task_of(rows[0]) if rows else None
+
+    async def note_cancel_too_late(
+        self, connection: AsyncConnection, task_id: str, owner_id: str, status_detail: str
+    ) -> Task | None:
+        """Sets a running task's status_detail to say a cancel came after Codex had started it
+        (its status stays running); None when the task is not the owner's, not running, or says
+        so already."""
+        parameters = {"task_id": task_id, "owner_id": owner_id, "status_detail": status_detail}
+        rows = await self._run(connection, self._cancel_too_late, parameters)
+        return task_of(rows[0]) if rows else None
+
     async def task(self, connection: AsyncConnection, task_id: str) -> Task | None:
         """One task with its device's presence, or None."""
         rows = await self._run(connection, self._get, {"task_id": task_id})
         return task_of(rows[0]) if rows else None
 
-    async def record_presence(self, connection: AsyncConnection, node_id: str, worker_id: str) -> None:
-        """Records that `worker_id`'s local agent on `node_id` was seen now (database time)."""
-        await self._run(connection, self._presence_write, {"node_id": node_id, "worker_id": worker_id})
+    async def record_presence(
+        self, connection: AsyncConnection, owner_id: str, node_id: str, worker_id: str
+    ) -> None:
+        """Records that `worker_id`'s local agent on `owner_id`'s node `node_id` was seen now
+        (database time)."""
+        parameters = {"owner_id": owner_id, "node_id": node_id, "worker_id": worker_id}
+        await self._run(connection, self._presence_write, parameters)
+
+    # ---- a write batch's agent calls ------------------------------------------------------------
+
+    async def claim_many(
+        self, connection: AsyncConnection, calls: Sequence[ClaimCall], lease: timedelta
+    ) -> list[Task | None]:
+        """`claim` for each of `calls` (the earlier a call, the older its task); each call's task
+        in its place, None for a call that found nothing claimable. PostgreSQL: one statement.
+        Raises sqlalchemy.exc.IntegrityError as `claim` (the whole statement: retry each alone)."""
+        if not self.postgres:
+            return [
+                await self.claim(connection, c.node_id, c.worker_id, c.lease_id, lease, c.owner_id)
+                for c in calls
+            ]
+        if not calls:
+            return []
+        ranks: Counter[tuple[str, str]] = Counter()
+        claims = []
+        for position, call in enumerate(calls):
+            ranks[call.node_id, call.owner_id] += 1
+            claims.append(
+                {
+                    "position": position,
+                    "node_id": call.node_id,
+                    "owner_id": call.owner_id,
+                    "worker_id": call.worker_id,
+                    "lease_id": call.lease_id,
+                    "rank": ranks[call.node_id, call.owner_id],
+                }
+            )
+        rows = await self._run(
+            connection,
+            self._claim_many,
+            {"claims": orjson.dumps(claims).decode(), "lease_seconds": lease.total_seconds()},
+        )
+        return _in_place(len(calls), rows)
+
+    async def start_many(
+        self, connection: AsyncConnection, calls: Sequence[LeaseCall], lease: timedelta
+    ) -> list[Task | None]:
+        """`start` for each of `calls`: each call's running task in its place, None where the fence
+        does not hold (and for all but one of calls repeated within `calls`). PostgreSQL: one
+        statement."""
+        if not self.postgres:
+            return [
+                await self.start(connection, c.task_id, c.node_id, c.worker_id, c.lease_id, lease, c.owner_id)
+                for c in calls
+            ]
+        return await self._fenced_many(connection, self._start_many, [_call_row(c) for c in calls], lease)
+
+    async def heartbeat_many(
+        self, connection: AsyncConnection, calls: Sequence[LeaseCall], lease: timedelta
+    ) -> list[Task | None]:
+        """`heartbeat` for each of `calls`, as `start_many`."""
+        if not self.postgres:
+            return [
+                await self.heartbeat(
+                    connection, c.task_id, c.node_id, c.worker_id, c.lease_id, lease, c.owner_id
+                )
+                for c in calls
+            ]
+        return await self._fenced_many(connection, self._heartbeat_many, [_call_row(c) for c in calls], lease)
+
+    async def finish_many(
+        self, connection: AsyncConnection, calls: Sequence[tuple[LeaseCall, FinishOutcome]]
+    ) -> list[Task | None]:
+        """`finish` for each (call, outcome) of `calls`, as `start_many`."""
+        if not self.postgres:
+            return [
+                await self.finish(
+                    connection, c.task_id, c.node_id, c.worker_id, c.lease_id, outcome, c.owner_id
+                )
+                for c, outcome in calls
+            ]
+        rows = [
+            {
+                **_call_row(call),
+                "status": outcome.status.value,
+                "reply_text": outcome.reply_text,
+                "failure_kind": outcome.failure_kind.value,
+                "status_detail": outcome.status_detail,
+                "codex_session_id": outcome.codex_session_id,
+            }
+            for call, outcome in calls
+        ]
+        return await self._fenced_many(connection, self._finish_many, rows, None)
+
+    async def _fenced_many(
+        self,
+        connection: AsyncConnection,
+        statement: _Statement,
+        rows: list[dict[str, Any]],
+        lease: timedelta | None,
+    ) -> list[Task | None]:
+        """Runs one of the fenced batch statements over `rows` (each with its `position`)."""
+        if not rows:
+            return []
+        for position, row in enumerate(rows):
+            row["position"] = position
+        parameters: dict[str, Any] = {"calls": orjson.dumps(rows).decode()}
+        if lease is not None:
+            parameters["lease_seconds"] = lease.total_seconds()
+        return _in_place(len(rows), await self._run(connection, statement, parameters))
+
+    async def record_presence_many(
+        self, connection: AsyncConnection, seen: Sequence[tuple[str, str, str]]
+    ) -> None:
+        """`record_presence` for each (owner_id, node_id, worker_id) of `seen` (the last worker of
+        a device named twice wins). PostgreSQL: one statement."""
+        latest = {(owner_id, node_id): worker_id for owner_id, node_id, worker_id in seen}
+        if not self.postgres:
+            for (owner_id, node_id), worker_id in latest.items():
+                await self.record_presence(connection, owner_id, node_id, worker_id)
+            return
+        if latest:
+            rows = [
+                {"owner_id": owner, "node_id": node, "worker_id": worker}
+                for (owner, node), worker in sorted(latest.items())
+            ]
+            await run_driver_sql(connection, _PRESENCE_WRITE_MANY, {"seen": orjson.dumps(rows).decode()})
 
     # ---- the sweeper ----------------------------------------------------------------------------
 

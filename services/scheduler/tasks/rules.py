@@ -12,7 +12,7 @@ or running task per thread behind it).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,9 +36,10 @@ from services.shared.errors import (
     NotFound,
     PermissionDenied,
 )
+from services.shared.identifiers import MAX_ID_LENGTH, id_problem
 from services.shared.time import isoformat_utc
 
-MAX_ID_CHARS = 200
+MAX_ID_CHARS = MAX_ID_LENGTH
 MAX_LEASE_CHARS = 64
 MAX_REPLY_CHARS = 100_000
 MAX_DETAIL_CHARS = 2_000
@@ -133,9 +134,11 @@ def parse_task_request(payload: Mapping[str, Any]) -> TaskRequest | RejectedRequ
 
     Returns a TaskRequest when every required field is present (non-empty strings, ids at most
     200 characters, no NUL characters anywhere: PostgreSQL text cannot store them, task_type
-    conversation_reply or dispatch_execution, dispatch_execution with its dispatch_plan_id); a
-    RejectedRequest naming what is missing or wrong otherwise (its fields only those that can be
-    stored); None when there is no usable task_id (nothing can be stored)."""
+    conversation_reply or dispatch_execution, dispatch_execution with its dispatch_plan_id; a
+    dispatch_execution may have no codex_thread_ref: a group's relay target, for which the local
+    agent starts a new Codex thread in codex_folder_ref); a RejectedRequest naming what is missing
+    or wrong otherwise (its fields only those that can be stored); None when there is no usable
+    task_id (nothing can be stored)."""
 
     def text(name: str) -> str:
         value = payload.get(name)
@@ -146,7 +149,12 @@ def parse_task_request(payload: Mapping[str, Any]) -> TaskRequest | RejectedRequ
     task_id = values["task_id"]
     if _id_violation("task_id", task_id, MAX_ID_CHARS) is not None:
         return None
-    problems = [f"no {name}" for name in _REQUIRED_FIELDS if not values[name].strip()]
+    relay = values["task_type"] == TaskType.DISPATCH_EXECUTION.value
+    problems = [
+        f"no {name}"
+        for name in _REQUIRED_FIELDS
+        if not values[name].strip() and not (relay and name == "codex_thread_ref")
+    ]
     problems += [
         f"{name} longer than {MAX_ID_CHARS} characters"
         for name in _ID_FIELDS
@@ -204,15 +212,11 @@ def check_wait(wait_seconds: float) -> float:
 
 
 def _id_violation(name: str, value: str, limit: int) -> FieldViolation | None:
-    """Why `value` cannot be the id named `name` (empty, over `limit` characters, or holding a NUL,
-    which PostgreSQL text cannot store), or None. The value itself is never echoed."""
-    if not value:
-        return FieldViolation(name, "required")
-    if len(value) > limit:
-        return FieldViolation(name, f"at most {limit} characters")
-    if "\x00" in value:
-        return FieldViolation(name, "must not contain NUL characters")
-    return None
+    """Why `value` cannot be the id named `name` (`id_problem`: empty, over `limit` characters, or
+    holding a control character, which PostgreSQL text cannot store if NUL, or a bidirectional
+    formatting one), or None. The value itself is never echoed."""
+    problem = id_problem(value, limit)
+    return FieldViolation(name, problem) if problem is not None else None
 
 
 def check_task_id(task_id: str) -> None:
@@ -224,7 +228,7 @@ def check_task_id(task_id: str) -> None:
 
 def check_agent(worker_id: str, node_id: str) -> None:
     """Raises InvalidArgument naming `worker_id` / `node_id` when either cannot be an agent's id
-    (empty, over 200 characters, or holding a NUL), before a token check would quote it."""
+    (`_id_violation`), before a token check would quote it."""
     found = (
         _id_violation("worker_id", worker_id, MAX_ID_CHARS),
         _id_violation("node_id", node_id, MAX_ID_CHARS),
@@ -236,7 +240,7 @@ def check_agent(worker_id: str, node_id: str) -> None:
 
 def check_lease_call(task_id: str, lease_id: str) -> None:
     """Raises InvalidArgument naming `task_id` / `lease_id` when either cannot be a task's id or a
-    lease's (empty, too long: 200 and 64 characters, or holding a NUL)."""
+    lease's (`_id_violation`; at most 200 and 64 characters)."""
     found = (
         _id_violation("task_id", task_id, MAX_ID_CHARS),
         _id_violation("lease_id", lease_id, MAX_LEASE_CHARS),
@@ -306,12 +310,15 @@ def is_same_outcome(task: Task, outcome: FinishOutcome) -> bool:
     )
 
 
-def refusal(task: Task | None, task_id: str, node_id: str, worker_id: str, expected: TaskStatus) -> BossError:
-    """The error for a fenced call (start, heartbeat, finish) of `worker_id` on `node_id` whose
-    update matched nothing: NotFound (TASK_NOT_FOUND) for an unknown task, PermissionDenied
+def refusal(
+    task: Task | None, task_id: str, node_id: str, worker_id: str, expected: TaskStatus, owner_id: str
+) -> BossError:
+    """The error for a fenced call (start, heartbeat, finish) of `worker_id` on `node_id`, enrolled
+    for `owner_id`, whose update matched nothing: NotFound (TASK_NOT_FOUND) for an unknown task or
+    another owner's (the same answer: nothing of another owner's task is told), PermissionDenied
     (NODE_MISMATCH) for another node's, otherwise FailedPrecondition (LEASE_LOST): the lease is
     not the task's current one or another worker holds it, or the task is no longer `expected`."""
-    if task is None:
+    if task is None or task.owner_id != owner_id:
         return NotFound(f"task {task_id} not found", reason=TASK_NOT_FOUND)
     if task.device_id != node_id:
         return PermissionDenied(
@@ -373,10 +380,20 @@ def device_lost_detail(device_id: str, last_sign_of_life: datetime | None) -> st
     return f"the device {device_id} stopped answering at {when}"
 
 
+CANCELLED_DETAIL = "cancelled by its owner before it ran"
+CANCEL_TOO_LATE_DETAIL = "a cancel came after Codex had started this message; it runs to its end"
+
+
 def requeued_detail(worker_id: str, claimed_at: datetime | None) -> str:
     """What a claimed task sent back to the queue says (its claim's lease ran out, never started)."""
     when = f" at {isoformat_utc(claimed_at)}" if claimed_at is not None else ""
     return f"worker {worker_id} claimed it{when} but did not start it in time; queued again"
+
+
+def released_detail(worker_id: str) -> str:
+    """What a task says when the claim that started it never reached its agent (the agent's call
+    was cancelled, e.g. as its worker stopped): it goes back to the queue, never run."""
+    return f"worker {worker_id} went away before it received this task; queued again"
 
 
 # ---- new tasks -----------------------------------------------------------------------------------
@@ -441,6 +458,29 @@ def new_task(
         status_detail=offline_detail(request.device_id, device_last_seen_at) if offline else "",
         device_offline=offline,
         device_last_seen_at=device_last_seen_at,
+    )
+
+
+def parse_cancel_request(payload: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(task_id, owner_id) of a `task.cancel_requested` payload, or None when either is missing."""
+    task_id = payload.get("task_id")
+    owner_id = payload.get("owner_id")
+    if not isinstance(task_id, str) or not task_id or not isinstance(owner_id, str) or not owner_id:
+        return None
+    return task_id, owner_id
+
+
+def cancelled_at_once(task: Task, cancels: Mapping[str, str]) -> Task:
+    """A task being created whose owner's cancel came in the same batch: cancelled at creation
+    (never claimable); any other task unchanged."""
+    if cancels.get(task.task_id) != task.owner_id or task.status is not TaskStatus.QUEUED:
+        return task
+    return replace(
+        task,
+        status=TaskStatus.CANCELLED,
+        status_detail=CANCELLED_DETAIL,
+        device_offline=False,
+        finished_at=task.created_at,
     )
 
 

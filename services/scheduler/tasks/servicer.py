@@ -1,12 +1,14 @@
 """The task RPCs of `boss.scheduler.v1.SchedulerService` (ClaimTask, StartTask, HeartbeatTask,
-FinishTask, GetTask); `SchedulerServicer` delegates to `TaskServicer`. Each method checks the
-caller's token, calls one handler and converts the task to its wire form. Errors are BossErrors
-(rich status through `translate_errors`).
+FinishTask, GetTask) and ListDevicePresence; `SchedulerServicer` delegates to `TaskServicer`. Each
+method checks the caller's token, calls one handler and converts the task to its wire form. Errors
+are BossErrors (rich status through `translate_errors`).
 
 Who may call: ClaimTask, StartTask, HeartbeatTask and FinishTask only with a worker token (scope
 tasks:claim) for its own worker_id and node_id (PERMISSION_DENIED otherwise, client and service
-tokens included). GetTask: service tokens (scheduler:read) see every task, client tokens their
-owner's, worker tokens their node's; any other task is NOT_FOUND (TASK_NOT_FOUND).
+tokens included), and only for the tasks of the token's owner. GetTask: service tokens
+(scheduler:read) see every task, client tokens their owner's, worker tokens their owner's on their
+node; any other task is NOT_FOUND (TASK_NOT_FOUND).
+ListDevicePresence: service tokens with scheduler:read only (PERMISSION_DENIED otherwise).
 """
 
 from __future__ import annotations
@@ -21,8 +23,14 @@ from boss.scheduler.v1 import scheduler_pb2
 
 from services.scheduler.tasks.handlers import TaskHandlers
 from services.scheduler.tasks.model import FailureKind, Task, TaskStatus, TaskType
-from services.scheduler.tasks.rules import FinishOutcome, check_agent, check_task_id
-from services.shared.auth import SCOPE_SCHEDULER_READ, SCOPE_TASKS_CLAIM, Principal, TokenAuthority
+from services.scheduler.tasks.rules import FinishOutcome, check_agent, check_task_id, is_offline
+from services.shared.auth import (
+    DEFAULT_OWNER_ID,
+    SCOPE_SCHEDULER_READ,
+    SCOPE_TASKS_CLAIM,
+    Principal,
+    TokenAuthority,
+)
 from services.shared.errors import TASK_NOT_FOUND, FieldViolation, InvalidArgument, NotFound, PermissionDenied
 from services.shared.grpc_server import translate_errors
 from services.shared.time import to_timestamp
@@ -37,6 +45,8 @@ FAILURE_KINDS = {
     for kind in FailureKind
 }
 FAILURE_KIND_OF = {number: kind for kind, number in FAILURE_KINDS.items()}
+MAX_PRESENCE_NODES = 1_000
+"""Most node ids one ListDevicePresence asks for."""
 
 
 def _stamp(value: datetime | None, target: object) -> None:
@@ -111,6 +121,7 @@ def can_see(principal: Principal, task: Task) -> bool:
         principal.kind == "worker"
         and SCOPE_TASKS_CLAIM in principal.scopes
         and task.device_id == principal.node_id
+        and task.owner_id == principal.owner_id
     )
 
 
@@ -141,6 +152,7 @@ class VerifiedTokens:
         now = self._clock()
         entry = self._entries.get(header)
         if entry is not None and entry[1] > now:
+            self._authority.check_not_revoked(entry[0])  # a revocation counts at once
             return entry[0]
         principal = self._authority.verify_header(header)
         claims = jwt.decode(header.partition(" ")[2].strip(), options={"verify_signature": False})
@@ -155,6 +167,7 @@ class TaskServicer:
 
     def __init__(self, handlers: TaskHandlers, authority: TokenAuthority) -> None:
         self._handlers = handlers
+        self._authority = authority
         self._tokens = VerifiedTokens(authority)
 
     def _agent(self, context: grpc.aio.ServicerContext, worker_id: str, node_id: str) -> Principal:
@@ -176,9 +189,16 @@ class TaskServicer:
     async def ClaimTask(
         self, request: scheduler_pb2.ClaimTaskRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ClaimTaskResponse:
-        """Long poll: the node's next claimed task and its lease id, or no task after the wait."""
-        self._agent(context, request.worker_id, request.node_id)
-        task = await self._handlers.claim(request.worker_id, request.node_id, request.wait_seconds)
+        """Long poll: the node's next claimed task of the token's owner and its lease id, or no task
+        after the wait; with `start` the task answered is running already. A device revoked during
+        the wait gets UNAUTHENTICATED (DEVICE_REVOKED) at once (a task it claimed in that instant
+        goes back to the queue when its lease ends)."""
+        principal = self._agent(context, request.worker_id, request.node_id)
+        claim = self._handlers.claim(
+            request.worker_id, request.node_id, request.wait_seconds, principal.owner_id, request.start
+        )
+        revocations = self._authority.revocations
+        task = await (revocations.guard(principal, claim) if revocations is not None else claim)
         if task is None:
             return scheduler_pb2.ClaimTaskResponse()
         return scheduler_pb2.ClaimTaskResponse(task=task_message(task), lease_id=task.lease_id)
@@ -188,9 +208,9 @@ class TaskServicer:
         self, request: scheduler_pb2.StartTaskRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.StartTaskResponse:
         """claimed -> running, fenced by the lease."""
-        self._agent(context, request.worker_id, request.node_id)
+        principal = self._agent(context, request.worker_id, request.node_id)
         task = await self._handlers.start(
-            request.worker_id, request.node_id, request.task_id, request.lease_id
+            request.worker_id, request.node_id, request.task_id, request.lease_id, principal.owner_id
         )
         return scheduler_pb2.StartTaskResponse(task=task_message(task))
 
@@ -199,9 +219,9 @@ class TaskServicer:
         self, request: scheduler_pb2.HeartbeatTaskRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.HeartbeatTaskResponse:
         """Renews a running task's lease, fenced by the lease."""
-        self._agent(context, request.worker_id, request.node_id)
+        principal = self._agent(context, request.worker_id, request.node_id)
         task = await self._handlers.heartbeat(
-            request.worker_id, request.node_id, request.task_id, request.lease_id
+            request.worker_id, request.node_id, request.task_id, request.lease_id, principal.owner_id
         )
         return scheduler_pb2.HeartbeatTaskResponse(task=task_message(task))
 
@@ -210,9 +230,14 @@ class TaskServicer:
         self, request: scheduler_pb2.FinishTaskRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.FinishTaskResponse:
         """running -> completed | failed | timed_out, fenced by the lease; idempotent."""
-        self._agent(context, request.worker_id, request.node_id)
+        principal = self._agent(context, request.worker_id, request.node_id)
         task = await self._handlers.finish(
-            request.worker_id, request.node_id, request.task_id, request.lease_id, outcome_of(request)
+            request.worker_id,
+            request.node_id,
+            request.task_id,
+            request.lease_id,
+            outcome_of(request),
+            principal.owner_id,
         )
         return scheduler_pb2.FinishTaskResponse(task=task_message(task))
 
@@ -228,3 +253,42 @@ class TaskServicer:
         if task is None or not can_see(principal, task):
             raise NotFound(f"task {request.task_id} not found", reason=TASK_NOT_FOUND)
         return scheduler_pb2.GetTaskResponse(task=task_message(task))
+
+    @translate_errors
+    async def ListDevicePresence(
+        self, request: scheduler_pb2.ListDevicePresenceRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ListDevicePresenceResponse:
+        """Each asked node of the request's owner (empty: the default owner): its last sign of life
+        and whether it is online (seen within the presence window), in the order asked; a node never
+        seen is offline with no last_seen_at, whatever another owner's device of that id did."""
+        principal = self._tokens.verify(context)
+        if principal.kind != "service":
+            raise PermissionDenied(
+                f"device presence is for services, not a {principal.kind} token",
+                reason="SERVICE_TOKEN_REQUIRED",
+            )
+        principal.require(SCOPE_SCHEDULER_READ)
+        node_ids = list(dict.fromkeys(request.node_ids))
+        violations = [
+            FieldViolation(
+                "node_ids", f"holds an id that is empty, over 200 characters or has NUL: {node[:40]!r}"
+            )
+            for node in node_ids
+            if not node or len(node) > 200 or "\x00" in node
+        ]
+        if len(node_ids) > MAX_PRESENCE_NODES:
+            violations.append(FieldViolation("node_ids", f"at most {MAX_PRESENCE_NODES} ids"))
+        if violations:
+            raise InvalidArgument(violations)
+        now, seen = await self._handlers.device_presence(request.owner_id or DEFAULT_OWNER_ID, node_ids)
+        window = self._handlers.settings.presence_window
+        devices = []
+        for node in node_ids:
+            device = scheduler_pb2.DevicePresence(
+                node_id=node, online=not is_offline(seen.get(node), now, window)
+            )
+            _stamp(seen.get(node), device.last_seen_at)
+            devices.append(device)
+        response = scheduler_pb2.ListDevicePresenceResponse(devices=devices)
+        response.presence_window.FromTimedelta(window)
+        return response

@@ -6,7 +6,8 @@
   `ix_tasks_lease` (leases that may run out: the sweeper), and the unique `ux_tasks_thread_active`:
   at most one claimed or running task per Codex thread, whatever the number of claimers or
   scheduler processes.
-- `device_presence`: when each node's local agent was last seen (ClaimTask and heartbeats).
+- `device_presence`: when each owner's node's local agent was last seen (ClaimTask and heartbeats),
+  by (owner_id, node_id): enrollment takes any node id, so two owners' machines may share one.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ tasks = Table(
 device_presence = Table(
     "device_presence",
     metadata,
+    Column("owner_id", String(200), primary_key=True),
     Column("node_id", String(200), primary_key=True),
     Column("worker_id", String(200), nullable=False, default=""),
     Column("last_seen_at", UtcDateTime, nullable=False),

@@ -12,13 +12,12 @@ claim waiting on one replica wakes within milliseconds of an enqueue committed b
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import psycopg
 from sqlalchemy.engine import make_url
 
-from services.shared.reconnection import Reconnection
+from boss_common.reconnection import Reconnection
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +30,9 @@ def notify_channel(schema: str | None) -> str:
 class TaskWakeups:
     """Per-node wake-ups of waiting claims (one instance per process).
 
-    `marker(node)` returns the event the next `wake(node)` (or `wake_all()`) sets; `wait` waits for
-    it with a timeout. Markers of nodes nobody wakes stay until their node is woken (one per node).
+    `marker(node)` returns the event the next `wake(node)` (or `wake_all()`) sets; a claim waits for
+    it with `boss_common.waiting.wait_until_set`. Markers of nodes nobody wakes stay until their
+    node is woken (one per node).
     """
 
     def __init__(self) -> None:
@@ -63,14 +63,6 @@ class TaskWakeups:
         markers, self._markers = self._markers, {}
         for marker in markers.values():
             marker.set()
-
-    @staticmethod
-    async def wait(marker: asyncio.Event, timeout: float) -> bool:
-        """Waits until `marker` is set or `timeout` seconds pass; True when it was set."""
-        if timeout > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(marker.wait(), timeout)
-        return marker.is_set()
 
 
 def conninfo_of(url: str) -> str:

@@ -10,18 +10,23 @@ while the event loop is yielded to a few times (as the event consumer settles it
 `MAX_BATCH`. A lone write runs at once, as a batch of one.
 
 A write is a function of the batch's connection returning `Written` (its result, the tasks whose
-`task.status_changed` it publishes, the nodes whose waiting claims it may let in). It may raise a
-BossError only before it changed anything (the refusals of fenced calls do): that write alone
-fails and the batch goes on. Any other error (a database error, such as the unique index refusing
-a claim another process made first) rolls the batch back, and each of its writes is then run again
-alone, so one write's failure is never another's.
+`task.status_changed` it publishes, the nodes whose waiting claims it may let in), or a `Grouped`
+request of a `WriteGroup`: the batch hands all its requests of one group to the group at once,
+which applies them together (the agents' claims, starts, heartbeats and finishes: one statement
+per kind on PostgreSQL, services/scheduler/tasks/agent_writes.py). The batch runs its plain writes
+in arrival order, then each group's requests in the groups' `order`. A write (or a group, for one
+of its requests) may refuse with a BossError only before it changed anything (the refusals of
+fenced calls do): that write alone fails and the batch goes on. Any other error (a database error,
+such as the unique index refusing a claim another process made first) rolls the batch back, and
+each of its writes is then run again alone, so one write's failure is never another's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -40,7 +45,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 STATUS_CHANGED = "task.status_changed"
-MAX_BATCH = 64
+MAX_BATCH = 128
 SETTLE_YIELDS = 4
 
 
@@ -69,10 +74,33 @@ class Written(Generic[T]):
 
 Write = Callable[[AsyncConnection], Awaitable[Written[T]]]
 
+R = TypeVar("R")
+
+
+class WriteGroup(ABC, Generic[R, T]):
+    """A kind of write whose requests a batch applies together (module docstring); groups with a
+    lower `order` go first."""
+
+    order: int = 0
+
+    @abstractmethod
+    async def apply(self, connection: AsyncConnection, requests: Sequence[R]) -> list[Written[T] | BossError]:
+        """Applies `requests` (in arrival order) in the batch's transaction; returns, for each in
+        its place, what it wrote or the BossError refusing it (nothing written for it). Any other
+        exception fails the batch."""
+
+
+@dataclass(frozen=True)
+class Grouped(Generic[R, T]):
+    """A write that is one `request` of `group`."""
+
+    group: WriteGroup[R, T]
+    request: R
+
 
 @dataclass
 class _Pending:
-    write: Write[Any]
+    write: Write[Any] | Grouped[Any, Any]
     future: asyncio.Future[Any]
 
 
@@ -102,7 +130,7 @@ class TaskWrites:
         self.batches = 0
         self.writes = 0
 
-    async def run(self, write: Write[T]) -> T:
+    async def run(self, write: Write[T] | Grouped[Any, T]) -> T:
         """Runs `write` in the next batch and returns its value once the batch committed; raises
         what the write raised (a BossError), or the database error of running it alone."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
@@ -143,17 +171,30 @@ class TaskWrites:
     async def _in_one_transaction(self, batch: list[_Pending]) -> list[Any]:
         """Runs the batch's writes, publishes their events and notifies their nodes in one
         transaction; returns each write's value or BossError. Wakes the nodes after the commit."""
-        outcomes: list[Any] = []
+        outcomes: list[Any] = [None] * len(batch)
         written: list[Written[Any]] = []
+        groups: dict[WriteGroup[Any, Any], list[tuple[int, Any]]] = {}
         async with self._database.transaction() as connection:
-            for pending in batch:
+            for index, pending in enumerate(batch):
+                write = pending.write
+                if isinstance(write, Grouped):
+                    groups.setdefault(write.group, []).append((index, write.request))
+                    continue
                 try:
-                    done = await pending.write(connection)
+                    done = await write(connection)
                 except BossError as refused:
-                    outcomes.append(refused)
+                    outcomes[index] = refused
                     continue
                 written.append(done)
-                outcomes.append(done.value)
+                outcomes[index] = done.value
+            for group, members in sorted(groups.items(), key=lambda item: item[0].order):
+                results = await group.apply(connection, [request for _, request in members])
+                for (place, _), result in zip(members, results, strict=True):
+                    if isinstance(result, BossError):
+                        outcomes[place] = result
+                    else:
+                        written.append(result)
+                        outcomes[place] = result.value
             wake = sorted({node for done in written for node in done.wake})
             events = [status_changed_event(task) for done in written for task in done.published]
             notification = self._repository.notification(self._channel, wake)

@@ -21,6 +21,7 @@ It is NOT the conversations service, whose own rules are tested in tests/integra
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from dataclasses import dataclass, field
 
@@ -63,6 +64,8 @@ class ChatLedger:
     """The double's chat state: project owners, messages by project, tasks by id, sends by key."""
 
     incomplete_projects: dict[str, list[str]] = field(default_factory=dict)
+    send_delay_seconds: float = 0.0
+    """How long a send takes before it stores anything (a master model drafting a plan, say)."""
     project_owners: dict[str, str] = field(default_factory=dict)
     messages: dict[str, list[pb.Message]] = field(default_factory=dict)
     tasks: dict[str, tuple[str, pb.ChatTask]] = field(default_factory=dict)
@@ -172,6 +175,7 @@ class ConversationsDouble(pb_grpc.ConversationsServiceServicer):
             )
         if not request.text.strip():
             raise InvalidArgument([FieldViolation("text", "must not be empty")])
+        await asyncio.sleep(self.chat.send_delay_seconds)
         sent = self.chat.sends.get((owner, request.client_message_id))
         if sent is not None:
             message, task = sent

@@ -56,6 +56,8 @@ async def test_reported_thread_reads_back_with_every_cb14_field(gateway: Gateway
         "last_total_tokens": 150_000,
         "model_context_window": 258_400,
         "auto_compact_token_limit": 244_800,
+        "compaction_limit_source": None,
+        "awaiting_reading_after_compaction": False,
         "source_kind": "worker_estimator",
         "captured_at": "2026-03-25T07:56:00Z",
         "next_required_report_in_seconds": 5,

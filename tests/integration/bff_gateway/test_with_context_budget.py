@@ -21,7 +21,8 @@ from tests.integration.bff_gateway.support import SEED_BODY, SEED_PATH, build_ap
 
 THREAD_PATH = "/api/v1/threads/thread-abc/context-budget"
 AUTHORITY = TokenAuthority(SECRET)
-WORKER = {"Authorization": f"Bearer {AUTHORITY.issue_worker('worker-mac-01', 'mac-01')}"}
+# The seed's worker reports for owner-1, the owner the conversations double gives its thread.
+WORKER = {"Authorization": f"Bearer {AUTHORITY.issue_worker('worker-mac-01', 'mac-01', owner_id='owner-1')}"}
 CLIENT = {"Authorization": f"Bearer {AUTHORITY.issue_client('owner-1')}"}
 
 
@@ -102,6 +103,35 @@ async def test_resent_report_is_a_duplicate_and_an_older_one_is_superseded(http:
     late = (await http.post(SEED_PATH, json=older, headers=WORKER)).json()
 
     assert (first["duplicate"], again["duplicate"], late["superseded"]) == (False, True, True)
+    view = (await http.get(THREAD_PATH, headers=CLIENT)).json()
+    assert view["context_budget_remaining_pct"] == 37.0
+
+
+async def test_a_different_reading_under_a_stored_snapshot_id_is_409_naming_it(
+    http: httpx.AsyncClient,
+) -> None:
+    body = {**SEED_BODY, "snapshot_id": "snap-reused"}
+    assert (await http.post(SEED_PATH, json=body, headers=WORKER)).status_code == 200
+
+    changed = await http.post(SEED_PATH, json={**body, "context_budget_remaining_pct": 12.5}, headers=WORKER)
+
+    assert changed.status_code == 409, changed.text
+    assert changed.headers["content-type"] == "application/problem+json"
+    assert changed.json()["reason"] == "SNAPSHOT_ID_REUSED"
+    assert [error["field"] for error in changed.json()["errors"]] == ["snapshot_id"]
+    view = (await http.get(THREAD_PATH, headers=CLIENT)).json()
+    assert view["context_budget_remaining_pct"] == 37.0
+
+
+async def test_another_devices_report_of_a_thread_is_403_and_changes_nothing(http: httpx.AsyncClient) -> None:
+    assert (await http.post(SEED_PATH, json=SEED_BODY, headers=WORKER)).status_code == 200
+    intruder = {"Authorization": f"Bearer {AUTHORITY.issue_worker('worker-b', 'node-b', owner_id='owner-2')}"}
+    body = {**SEED_BODY, "worker_id": "worker-b", "node_id": "node-b", "context_budget_remaining_pct": 12.5}
+
+    response = await http.post("/api/v1/workers/worker-b/thread-context", json=body, headers=intruder)
+
+    assert response.status_code == 403, response.text
+    assert response.json()["reason"] == "THREAD_BOUND_TO_OTHER_DEVICE"
     view = (await http.get(THREAD_PATH, headers=CLIENT)).json()
     assert view["context_budget_remaining_pct"] == 37.0
 

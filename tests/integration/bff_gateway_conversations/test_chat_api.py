@@ -184,11 +184,6 @@ async def test_send_errors_are_problems_naming_the_field_or_reason(
     incomplete = await register(stack, "th-2", codex_thread_ref="")
     archived = await register(stack, "th-3")
     await gateway.http.post("/api/v1/threads/th-3/archive", headers=gateway.headers())
-    group = await gateway.http.post(
-        "/api/v1/projects",
-        json={"project_title": "Pilot", "thread_ids": ["th-1", "th-2"]},
-        headers=gateway.headers(),
-    )
     assert (await send(gateway, project_id, "first", "c-1")).status_code == 201
 
     answers = {
@@ -199,7 +194,6 @@ async def test_send_errors_are_problems_naming_the_field_or_reason(
         "unknown project": await send(gateway, "proj-none", "hello", "c-5"),
         "another owner's project": await send(gateway, project_id, "hello", "c-6", owner="mallory"),
         "master agent": await send(gateway, "master-agent", "hello", "c-7"),
-        "group": await send(gateway, group.json()["project_id"], "hello", "c-8"),
         "archived thread": await send(gateway, archived, "hello", "c-9"),
         "key reused": await send(gateway, project_id, "another text", "c-1"),
     }
@@ -217,7 +211,6 @@ async def test_send_errors_are_problems_naming_the_field_or_reason(
         "unknown project": (404, "PROJECT_NOT_FOUND", []),
         "another owner's project": (404, "PROJECT_NOT_FOUND", []),
         "master agent": (409, "CHAT_PATH_NOT_AVAILABLE", []),
-        "group": (409, "CHAT_PATH_NOT_AVAILABLE", []),
         "archived thread": (409, "THREAD_ARCHIVED", []),
         "key reused": (409, "CLIENT_MESSAGE_ID_REUSED", ["client_message_id"]),
     }
@@ -298,7 +291,12 @@ async def test_messages_after_a_sequence_are_exactly_those_missed(
     assert [m["sequence"] for m in first_page["messages"]] == [2]
     assert [m["sequence"] for m in second_page["messages"]] == [3]
     assert second_page["nextPageToken"] is None
-    assert nothing == {"messages": [], "nextPageToken": None}
+    assert nothing == {
+        "messages": [],
+        "nextPageToken": None,
+        "pendingDispatchPlan": None,
+        "collaborationGate": None,
+    }
 
     bad = {
         "negative": await messages(gateway, project_id, "?after=-1"),
@@ -358,6 +356,38 @@ async def test_a_failed_task_is_polled_and_retried_once(gateway: RunningGateway,
     assert (twice.status_code, twice.json()["reason"]) == (409, "TASK_NOT_RETRYABLE")
     for answer in (unknown, foreign, foreign_retry):
         assert (answer.status_code, answer.json()["reason"]) == (404, "TASK_NOT_FOUND")
+
+
+async def test_a_queued_task_is_cancelled_through_rest_and_a_running_one_is_409(
+    gateway: RunningGateway, stack: Stack
+) -> None:
+    project_id = await register(stack, "th-1")
+    first = (await send(gateway, project_id, "run the tests", "c-1")).json()["task"]["taskId"]
+    second = (await send(gateway, project_id, "then lint", "c-2")).json()["task"]["taskId"]
+
+    accepted = await gateway.http.post(f"/api/v1/tasks/{second}/cancel", headers=gateway.headers())
+    assert accepted.status_code == 202, accepted.text
+    assert list(accepted.json()) == ["task", "collaborationGate"]
+    assert (accepted.json()["task"]["taskId"], accepted.json()["task"]["status"]) == (second, "queued")
+    requested = await task_requested(stack, second)
+    await stack.scheduler.publish(
+        "task.status_changed",
+        status_changed(requested, "cancelled", status_detail="cancelled by its owner before it ran"),
+    )
+    await stack.settle()
+    cancelled = (await gateway.http.get(f"/api/v1/tasks/{second}", headers=gateway.headers())).json()["task"]
+    assert (cancelled["status"], bool(cancelled["resultMessageId"])) == ("cancelled", True)
+
+    await stack.scheduler.publish(
+        "task.status_changed", status_changed(await task_requested(stack, first), "running")
+    )
+    await stack.settle()
+    running = await gateway.http.post(f"/api/v1/tasks/{first}/cancel", headers=gateway.headers())
+    foreign = await gateway.http.post(f"/api/v1/tasks/{second}/cancel", headers=gateway.headers("mallory"))
+    bad = await gateway.http.post("/api/v1/tasks/%20x/cancel", headers=gateway.headers())
+    assert (running.status_code, running.json()["reason"]) == (409, "TASK_NOT_CANCELLABLE")
+    assert (foreign.status_code, foreign.json()["reason"]) == (404, "TASK_NOT_FOUND")
+    assert bad.status_code == 422 and [e["field"] for e in bad.json()["errors"]] == ["task_id"]
 
 
 # --- SSE -------------------------------------------------------------------------------------------

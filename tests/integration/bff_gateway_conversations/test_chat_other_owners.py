@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from boss.conversations.v1 import conversations_pb2 as pb
 
+from services.shared.auth import bearer_metadata
 from tests.conftest import DatabaseTarget
 from tests.integration.bff_gateway_conversations.support import RunningGateway, SseReader, serve_gateway
 from tests.integration.bff_gateway_conversations.test_chat_api import fail, register
@@ -38,11 +39,11 @@ async def register_for(stack: Stack, owner: str, thread_id: str, node: str) -> s
             thread_id=thread_id,
             node_id=node,
             worker_id=f"worker-{node}",
-            owner_id=owner,
             codex_folder=f"/srv/{thread_id}",
             codex_thread_ref=f"0199-{thread_id}",
         ),
-        metadata=stack.worker(f"worker-{node}", node),
+        # The owner comes from the worker's token, never from the request.
+        metadata=bearer_metadata(stack.authority.issue_worker(f"worker-{node}", node, owner_id=owner)),
     )
     return str(response.project_id)
 

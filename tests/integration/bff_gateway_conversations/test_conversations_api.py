@@ -61,12 +61,13 @@ async def test_home_list_detail_and_thread_page_agree(gateway: RunningGateway, s
 
     listing = await gateway.http.get("/api/v1/conversations", headers=gateway.headers())
     assert listing.status_code == 200
-    row = listing.json()["conversations"][0]
+    [row] = [r for r in listing.json()["conversations"] if r["project_id"] == project_id]
     assert row["context_budget_indicator"] == {
         "visible": True,
         "style": "ring_percent",
         "percent": 52,
         "level": "watch",
+        "awaiting_reading_after_compaction": False,
     }
     assert row["conversation_type"] == "single_device" and row["project_id"] == project_id
     assert row["context_budget_source_node_id"] == "node-a" and row["must_finish_before_compaction"] is False
@@ -78,6 +79,58 @@ async def test_home_list_detail_and_thread_page_agree(gateway: RunningGateway, s
     )
     assert (page["context"]["percent"], page["context"]["level"]) == (52, "watch")
     assert page["codex_folder"] == "/srv/th-1" and page["handoff_status"] == "none"
+
+
+async def test_the_home_ring_says_compacted_until_the_next_real_reading(
+    gateway: RunningGateway, stack: Stack
+) -> None:
+    project_id = await register(stack, "th-1")
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 9.0, "critical", version=1))
+    await stack.settle()
+
+    async def ring() -> dict[str, object]:
+        listing = (await gateway.http.get("/api/v1/conversations", headers=gateway.headers())).json()
+        [row] = [r for r in listing["conversations"] if r["project_id"] == project_id]
+        return row["context_budget_indicator"]
+
+    assert (await ring())["awaiting_reading_after_compaction"] is False
+    async with gateway.http.stream("GET", "/api/v1/events", headers=gateway.headers()) as response:
+        reader = SseReader(response)
+        assert (await reader.next_event()).event == "stream.opened"
+        await stack.budget.publish(
+            "thread.context.updated",
+            budget_payload(
+                "th-1", 100.0, "safe", version=2, compaction_count=1, awaiting_reading_after_compaction=True
+            ),
+        )
+        live = await reader.events_until(lambda e: e.event == "conversation.context_indicator.updated")
+        assert live[-1].data["context_budget_indicator"] == {
+            "visible": True,
+            "style": "ring_percent",
+            "percent": 100,
+            "level": "safe",
+            "awaiting_reading_after_compaction": True,
+        }
+        assert await ring() == live[-1].data["context_budget_indicator"]
+        detail = (await gateway.http.get(f"/api/v1/projects/{project_id}", headers=gateway.headers())).json()
+        assert detail["context_budget_indicator"]["awaiting_reading_after_compaction"] is True
+        assert detail["active_thread_contexts"][0]["awaiting_reading_after_compaction"] is True
+
+        await stack.budget.publish(
+            "thread.context.updated", budget_payload("th-1", 83.0, "safe", version=3, compaction_count=1)
+        )
+        live = await reader.events_until(lambda e: e.event == "conversation.context_indicator.updated")
+        assert live[-1].data["context_budget_indicator"]["awaiting_reading_after_compaction"] is False
+    assert await ring() == {
+        "visible": True,
+        "style": "ring_percent",
+        "percent": 83,
+        "level": "safe",
+        "awaiting_reading_after_compaction": False,
+    }
+    schema = (await gateway.http.get("/openapi.json")).json()["components"]["schemas"]
+    flag = schema["ContextBudgetIndicatorView"]["properties"]["awaiting_reading_after_compaction"]
+    assert flag["type"] == "boolean" and "not a measurement" in flag["description"]
 
 
 async def test_pin_rename_and_group(gateway: RunningGateway, stack: Stack) -> None:
@@ -222,6 +275,7 @@ async def test_sse_headers_live_event_and_exact_resume(gateway: RunningGateway, 
             "style": "ring_percent",
             "percent": 50,
             "level": "watch",
+            "awaiting_reading_after_compaction": False,
         }
 
 

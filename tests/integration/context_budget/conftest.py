@@ -16,6 +16,7 @@ from tests.conftest import DatabaseTarget
 from tests.integration.context_budget.support import NODE_ID, WORKER_ID
 
 SECRET = "context-budget-integration-secret-0123456789"
+OWNER_ID = "owner-1"
 
 
 @dataclass
@@ -62,9 +63,9 @@ def tokens(service: ContextBudgetService) -> Tokens:
 
     authority = service.authority
     return Tokens(
-        worker=authority.issue_worker(WORKER_ID, NODE_ID),
-        other_worker=authority.issue_worker("worker-win-02", "win-02"),
-        client=authority.issue_client("owner-1"),
+        worker=authority.issue_worker(WORKER_ID, NODE_ID, owner_id=OWNER_ID),
+        other_worker=authority.issue_worker("worker-win-02", "win-02", owner_id=OWNER_ID),
+        client=authority.issue_client(OWNER_ID),
         admin=authority.issue_service("scheduler"),
         expired=authority.issue_worker(WORKER_ID, NODE_ID, lifetime=timedelta(seconds=-10)),
         forged=TokenAuthority("some-other-secret-0123456789abcdefghij").issue_worker(WORKER_ID, NODE_ID),

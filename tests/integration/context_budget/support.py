@@ -22,6 +22,9 @@ from services.shared.time import utc_now
 
 WORKER_ID = "worker-mac-01"
 NODE_ID = "mac-01"
+# Readings without an explicit captured_at are taken this long ago plus their version in seconds:
+# one instant for the whole run, so a snapshot built twice is the same reading (a true repeat).
+BASE_CAPTURED_AT = utc_now() - timedelta(hours=1)
 
 
 def snapshot(
@@ -36,7 +39,8 @@ def snapshot(
     **fields: Any,
 ) -> pb.ThreadContextSnapshot:
     """A valid snapshot (source worker_estimator) with `fields` set on top. Without `captured_at`
-    it was captured an hour ago plus `version` seconds, so higher versions are newer readings."""
+    it was captured at BASE_CAPTURED_AT plus `version` seconds, so higher versions are newer
+    readings and the same arguments make the same reading."""
     fields.setdefault("source_kind", pb.SOURCE_KIND_WORKER_ESTIMATOR)
     message = pb.ThreadContextSnapshot(
         thread_id=thread_id,
@@ -48,7 +52,7 @@ def snapshot(
         **fields,
     )
     if not message.HasField("captured_at"):
-        default = utc_now() - timedelta(hours=1) + timedelta(seconds=version)
+        default = BASE_CAPTURED_AT + timedelta(seconds=version)
         message.captured_at.FromDatetime(captured_at or default)
     return message
 

@@ -75,7 +75,7 @@ async def test_alert_acknowledge_then_resolve_and_illegal_transitions(
     code, status = await rpc_failure(stub.ResolveAlert(pb.ResolveAlertRequest(), metadata=admin))
     assert code is grpc.StatusCode.INVALID_ARGUMENT and violation_fields(status) == ["alert_id"]
 
-    changes = await read_events(stub, tokens.client, 0, 3, types=["thread.context.alert_changed"])
+    changes = await read_events(stub, tokens.admin, 0, 3, types=["thread.context.alert_changed"])
     assert [p["alert_status"] for _s, _k, p in changes] == ["opened", "acked", "resolved"]
     assert {p["alert_id"] for _s, _k, p in changes} == {alert.alert_id}
 
@@ -151,7 +151,7 @@ async def test_project_policy_override_changes_classification(
 ) -> None:
     client, admin = auth(tokens.client), auth(tokens.admin)
     default = await stub.GetThresholdPolicy(
-        pb.GetThresholdPolicyRequest(project_id="proj-001"), metadata=client
+        pb.GetThresholdPolicyRequest(project_id="proj-001"), metadata=admin
     )
     assert not default.project_override
     assert (default.policy.safe_min_pct, default.policy.watch_min_pct, default.policy.urgent_min_pct) == (
@@ -178,9 +178,16 @@ async def test_project_policy_override_changes_classification(
     assert elsewhere.context_budget_level == pb.CONTEXT_BUDGET_LEVEL_SAFE
 
     override = await stub.GetThresholdPolicy(
-        pb.GetThresholdPolicyRequest(project_id="proj-001"), metadata=client
+        pb.GetThresholdPolicyRequest(project_id="proj-001"), metadata=admin
     )
     assert override.project_override and override.policy.safe_min_pct == 70
+    # A client token reads the default policy, not a project's (policies are the operator's).
+    code, _status = await rpc_failure(
+        stub.GetThresholdPolicy(pb.GetThresholdPolicyRequest(project_id="proj-001"), metadata=client)
+    )
+    assert code is grpc.StatusCode.PERMISSION_DENIED
+    default_for_client = await stub.GetThresholdPolicy(pb.GetThresholdPolicyRequest(), metadata=client)
+    assert not default_for_client.project_override and default_for_client.policy.safe_min_pct == 60
     async with service.database.read() as connection:
         rows = (await connection.execute(select(thread_context_threshold_policies))).mappings().all()
     assert [(r["project_id"], r["safe_min_pct"], r["watch_min_pct"], r["urgent_min_pct"]) for r in rows] == [

@@ -18,7 +18,7 @@ async def test_level_changes_publish_updates_level_changes_and_alert_changes(
 ) -> None:
     for version, pct in enumerate((80, 45, 30, 70), start=1):
         await report(stub, tokens.worker, snapshot(pct=pct, version=version))
-    events = await read_events(stub, tokens.client, 0, 12)
+    events = await read_events(stub, tokens.admin, 0, 12)
     assert [
         (kind, payload.get("to_level") or payload.get("alert_status")) for _seq, kind, payload in events
     ] == [
@@ -55,6 +55,7 @@ async def test_level_changes_publish_updates_level_changes_and_alert_changes(
         "thread_id": "thread-abc",
         "project_id": "proj-001",
         "node_id": "mac-01",
+        "owner_id": "owner-1",
         "from_level": "watch",
         "to_level": "urgent",
         "context_budget_remaining_pct": 30.0,
@@ -62,7 +63,7 @@ async def test_level_changes_publish_updates_level_changes_and_alert_changes(
     }
 
     alerts = (
-        await stub.ListAlerts(pb.ListAlertsRequest(thread_id="thread-abc"), metadata=auth(tokens.client))
+        await stub.ListAlerts(pb.ListAlertsRequest(thread_id="thread-abc"), metadata=auth(tokens.admin))
     ).alerts
     assert sorted((a.alert_type, a.alert_status) for a in alerts) == [
         (pb.ALERT_TYPE_CONTEXT_WATCH, pb.ALERT_STATUS_RESOLVED),
@@ -83,7 +84,7 @@ async def test_compaction_risk_opens_and_resolves_with_events(
 
     risk = await read_events(
         stub,
-        tokens.client,
+        tokens.admin,
         0,
         2,
         types=["thread.context.compaction_risk_opened", "thread.context.compaction_risk_resolved"],
@@ -120,7 +121,7 @@ async def test_must_finish_at_urgent_is_a_compaction_risk_and_compactions_are_ob
     await report(stub, tokens.worker, compacted)
     events = await read_events(
         stub,
-        tokens.client,
+        tokens.admin,
         0,
         3,
         types=[
@@ -146,14 +147,14 @@ async def test_watch_events_resumes_after_a_sequence_without_loss_or_repeat(
     for n in range(6):
         await report(stub, tokens.worker, snapshot(f"t-{n}", pct=80))
     # Each new safe thread publishes updated + level_changed: 12 events.
-    first = await read_events(stub, tokens.client, 0, 5)
+    first = await read_events(stub, tokens.admin, 0, 5)
     assert [seq for seq, _k, _p in first] == [1, 2, 3, 4, 5]
-    rest = await read_events(stub, tokens.client, first[-1][0], 7)
+    rest = await read_events(stub, tokens.admin, first[-1][0], 7)
     assert [seq for seq, _k, _p in rest] == list(range(6, 13))
     assert {p["thread_id"] for _s, _k, p in first + rest} == {f"t-{n}" for n in range(6)}
 
     # A follower at the head receives live events as they commit, and only those.
-    follower = asyncio.ensure_future(read_events(stub, tokens.client, 12, 2))
+    follower = asyncio.ensure_future(read_events(stub, tokens.admin, 12, 2))
     await asyncio.sleep(0.2)
     await report(stub, tokens.worker, snapshot("t-live", pct=80))
     live = await follower
@@ -168,7 +169,7 @@ async def test_events_name_their_subjects_on_the_envelope(
     stub: pb_grpc.ContextBudgetServiceStub, tokens: Tokens
 ) -> None:
     await report(stub, tokens.worker, snapshot(pct=80))
-    call = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=0), metadata=auth(tokens.client))
+    call = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=0), metadata=auth(tokens.admin))
     envelope = (await call.read()).events[0]
     call.cancel()
     assert (envelope.sequence, envelope.type) == (1, "thread.context.updated")

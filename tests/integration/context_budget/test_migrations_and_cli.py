@@ -85,8 +85,8 @@ async def test_state_and_event_sequence_survive_a_restart(database_target: Datab
             assert again.duplicate
             newer = await report(stub, token, snapshot(pct=80, version=2, snapshot_id="s2"))
             assert newer.context_budget_level == pb.CONTEXT_BUDGET_LEVEL_SAFE
-            client = first.authority.issue_client("owner")
-            call = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=3), metadata=auth(client))
+            reader = first.authority.issue_service("scheduler")
+            call = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=3), metadata=auth(reader))
             resumed = (await call.read()).events[0]
             call.cancel()
     finally:

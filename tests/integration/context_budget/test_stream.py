@@ -124,7 +124,7 @@ async def test_snapshots_of_one_thread_in_one_message_apply_in_order(
     ]
     assert [ack.superseded for ack in response.acks] == [False, False, False, True]
     await stream.close()
-    changes = await read_events(stub, tokens.client, 0, 3, types=["thread.context.level_changed"])
+    changes = await read_events(stub, tokens.admin, 0, 3, types=["thread.context.level_changed"])
     assert [(p["from_level"], p["to_level"]) for _s, _t, p in changes] == [
         (None, "safe"),
         ("safe", "watch"),

@@ -16,6 +16,9 @@ import grpc
 from boss.conversations.v1 import conversations_pb2_grpc
 from sqlalchemy import MetaData
 
+from services.conversations.groups.presence import DevicePresenceSource
+from services.conversations.groups.settings import DispatchSettings
+from services.conversations.master.settings import MasterSettings
 from services.conversations.server import ConversationsApp, build_app, migrate
 from services.shared.auth import TokenAuthority, bearer_metadata
 from services.shared.db import Database
@@ -127,8 +130,16 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def running_stack(target: DatabaseTarget, tmp_path: Path) -> AsyncIterator[Stack]:
-    """Starts the service on `target` with upstream stand-ins; stops everything afterwards."""
+async def running_stack(
+    target: DatabaseTarget,
+    tmp_path: Path,
+    master: MasterSettings | None = None,
+    dispatch: DispatchSettings | None = None,
+    device_presence: DevicePresenceSource | None = None,
+) -> AsyncIterator[Stack]:
+    """Starts the service on `target` with upstream stand-ins (and the master agent configured by
+    `master`, default no backend; group chat plans by `dispatch`, devices' presence from
+    `device_presence`, default unknown); stops everything afterwards."""
     await migrate(target.url, target.schema or "conversations")
     database = Database.connect(target.url, target.schema or "conversations")
     authority = TokenAuthority(SECRET)
@@ -139,6 +150,9 @@ async def running_stack(target: DatabaseTarget, tmp_path: Path) -> AsyncIterator
         authority,
         context_budget_stream=lambda after: watch_events(budget.event_log, after),
         scheduler_stream=lambda after: watch_events(scheduler.event_log, after),
+        master=master,
+        dispatch=dispatch,
+        device_presence=device_presence,
     )
     await app.event_log.ensure_sequencer_row()
     host = app.host("127.0.0.1:0")
@@ -166,6 +180,7 @@ async def running_stack(target: DatabaseTarget, tmp_path: Path) -> AsyncIterator
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await database.dispose()
+        for cleanup in host.on_stop:  # the master model's client, then the database
+            await cleanup()
         await budget.database.dispose()
         await scheduler.database.dispose()

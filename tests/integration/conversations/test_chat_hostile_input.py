@@ -218,13 +218,6 @@ async def test_a_report_with_nul_characters_is_applied_and_the_next_one_too(stac
     assert (polled.task.status, polled.task.status_detail) == ("failed", "codex said \ufffd")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "open: worker tokens are bound to a worker and node, not to an owner, so RegisterThread "
-        "lets another node's worker re-point a known thread (and its future tasks) at itself"
-    ),
-)
 async def test_another_nodes_worker_cannot_take_over_a_registered_thread(stack: Stack) -> None:
     project_id = await register(stack, "th-1")
 

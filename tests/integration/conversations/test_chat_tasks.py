@@ -14,6 +14,9 @@ import grpc
 import pytest
 from boss.conversations.v1 import conversations_pb2 as pb
 
+from services.conversations.chat.repository import SqlAlchemyChatRepository
+from services.conversations.domain.model import master_project_id
+from services.conversations.master.handlers import model_task
 from services.shared.outbox import StoredEvent
 from tests.conftest import DatabaseTarget
 from tests.integration.conversations.chat_support import (
@@ -90,9 +93,13 @@ async def test_a_completed_task_writes_the_threads_raw_reply_exactly_once(stack:
         "tasks_done": 0,
         "detail": "",
     }
-    row = (
-        await stack.stub.ListConversations(pb.ListConversationsRequest(), metadata=stack.client())
-    ).conversations[0]
+    [row] = [
+        row
+        for row in (
+            await stack.stub.ListConversations(pb.ListConversationsRequest(), metadata=stack.client())
+        ).conversations
+        if row.project_id == project_id
+    ]
     assert row.latest_reply_at == listed[1].created_at
 
     # The scheduler's events replayed (twice), and late events after the terminal one: nothing more.
@@ -251,6 +258,72 @@ async def test_get_chat_task_shows_the_gate_and_is_owner_scoped(stack: Stack) ->
     assert (await failure(get_task(stack, ""))).code == grpc.StatusCode.INVALID_ARGUMENT
 
 
+async def test_each_status_change_publishes_the_gate_as_the_task_sees_it_then(stack: Stack) -> None:
+    project_id = await register(stack, "th-1")
+    first = await post(stack, project_id, "first", "c-1")
+    second = await post(stack, project_id, "second", "c-2")
+    before = await head(stack)
+
+    await report(stack, second.task, "claimed", 1)
+    await report(stack, first.task, "claimed", 2)
+    await report(stack, first.task, "completed", 3, reply_text="one")
+    await report(stack, second.task, "running", 4)
+    await report(stack, second.task, "completed", 5, reply_text="two")
+
+    updates = [
+        (payload["task"]["task_id"], payload["task"]["status"], payload["collaboration_gate"])
+        for _s, kind, payload in await events_of(stack, before)
+        if kind == "task.updated"
+    ]
+    waits_for_one = {"state": "open", "tasks_total": 2, "tasks_done": 0}
+    assert updates == [
+        (
+            second.task.task_id,
+            "claimed",
+            {**waits_for_one, "detail": "1 earlier message of this thread runs first"},
+        ),
+        (first.task.task_id, "claimed", {**waits_for_one, "detail": ""}),
+        (first.task.task_id, "completed", {"state": "open", "tasks_total": 1, "tasks_done": 0, "detail": ""}),
+        (second.task.task_id, "running", {"state": "open", "tasks_total": 1, "tasks_done": 0, "detail": ""}),
+        (
+            second.task.task_id,
+            "completed",
+            {"state": "open", "tasks_total": 0, "tasks_done": 0, "detail": ""},
+        ),
+    ]
+
+
+async def test_a_master_task_queues_only_behind_its_own_owners_master_tasks(stack: Stack) -> None:
+    # Tasks of no thread (the master agent's model answers them), one open per owner.
+    owners = ("alice", "bob")
+    async with stack.app.database.transaction() as connection:
+        for second, owner in enumerate(owners):
+            task = model_task(
+                f"task-{owner}",
+                owner,
+                master_project_id(owner),
+                f"msg-{owner}",
+                T0 + timedelta(seconds=second),
+            )
+            await SqlAlchemyChatRepository(connection).insert_task(task)
+    before = await head(stack)
+
+    for second, owner in enumerate(reversed(owners), start=1):
+        task = (await get_task(stack, f"task-{owner}", owner=owner)).task
+        await report(stack, task, "running", second, owner_id=owner)
+
+    alone = {"state": "open", "tasks_total": 1, "tasks_done": 0, "detail": ""}
+    updates = [
+        (payload["task"]["task_id"], payload["collaboration_gate"])
+        for _s, kind, payload in await events_of(stack, before)
+        if kind == "task.updated"
+    ]
+    assert updates == [("task-bob", alone), ("task-alice", alone)]
+    for owner in owners:
+        shown = (await get_task(stack, f"task-{owner}", owner=owner)).collaboration_gate
+        assert shown == pb.CollaborationGate(state="open", tasks_total=1, tasks_done=0, detail="")
+
+
 async def test_retry_makes_a_new_task_for_the_same_message(stack: Stack) -> None:
     project_id = await register(stack, "th-1")
     sent = await post(stack, project_id, "Run the parser tests", "c-1")
@@ -328,3 +401,58 @@ async def test_retry_checks_the_thread_as_a_send_does(stack: Stack) -> None:
     assert (refused.code, refused.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "THREAD_ARCHIVED")
     assert await head(stack) == before and await stored_counts(stack) == (2, 1)
     assert (await get_task(stack, sent.task.task_id)).task.retried_by_task_id == ""
+
+
+async def cancel(stack: Stack, task_id: str, owner: str = "local") -> pb.CancelChatTaskResponse:
+    return await stack.stub.CancelChatTask(
+        pb.CancelChatTaskRequest(task_id=task_id), metadata=stack.client(owner)
+    )
+
+
+async def test_a_cancel_of_a_queued_task_goes_to_the_scheduler_and_its_answer_ends_the_task(
+    stack: Stack,
+) -> None:
+    project_id = await register(stack, "th-1")
+    sent = await post(stack, project_id, "Run the parser tests", "c-1")
+    before = await head(stack)
+
+    answered = await cancel(stack, sent.task.task_id)
+
+    assert (answered.task.task_id, answered.task.status) == (sent.task.task_id, "queued")
+    events = await events_of(stack, before)
+    assert [(kind, payload["task_id"], payload["owner_id"]) for _s, kind, payload in events] == [
+        ("task.cancel_requested", sent.task.task_id, "local")
+    ]
+    await report(stack, sent.task, "cancelled", 2, status_detail="cancelled by its owner before it ran")
+    task = (await get_task(stack, sent.task.task_id)).task
+    assert task.status == "cancelled"
+    listed = await messages_of(stack, project_id)
+    assert [(m.author_kind, m.text) for m in listed] == [
+        ("user", "Run the parser tests"),
+        ("system", "This message was cancelled before it ran; nothing was run. You can retry it."),
+    ]
+    again = await cancel(stack, sent.task.task_id)
+    assert again.task.status == "cancelled"
+    kinds = [kind for _s, kind, _p in await events_of(stack)]
+    assert kinds.count("task.cancel_requested") == 1
+    assert (await retry(stack, sent.task.task_id)).task.retry_of_task_id == sent.task.task_id
+
+
+async def test_a_running_or_ended_task_is_not_cancellable_and_another_owners_is_not_found(
+    stack: Stack,
+) -> None:
+    project_id = await register(stack, "th-1")
+    sent = await post(stack, project_id, "hello", "c-1")
+    refused = await failure(cancel(stack, sent.task.task_id, owner="mallory"))
+    assert (refused.code, refused.reason) == (grpc.StatusCode.NOT_FOUND, "TASK_NOT_FOUND")
+
+    await report(stack, sent.task, "running", 2)
+    refused = await failure(cancel(stack, sent.task.task_id))
+    assert (refused.code, refused.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "TASK_NOT_CANCELLABLE")
+    assert "a turn that has started runs to its end" in refused.status.message
+    await report(stack, sent.task, "completed", 9, reply_text="hi")
+    refused = await failure(cancel(stack, sent.task.task_id))
+    assert (refused.code, refused.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "TASK_NOT_CANCELLABLE")
+    assert "it is completed" in refused.status.message
+    kinds = [kind for _s, kind, _p in await events_of(stack)]
+    assert "task.cancel_requested" not in kinds

@@ -29,22 +29,33 @@ async def stack(database_target: DatabaseTarget, tmp_path: Path):  # type: ignor
 
 
 async def register(stack: Stack, thread_id: str, **fields: object) -> pb.RegisterThreadResponse:
+    defaults: dict[str, object] = {
+        "codex_folder": f"/home/dev/{thread_id}",
+        "codex_thread_ref": f"ref-{thread_id}",
+    }
     request = pb.RegisterThreadRequest(
         thread_id=thread_id,
         node_id="node-a",
         worker_id="worker-a",
-        codex_folder=f"/home/dev/{thread_id}",
-        codex_thread_ref=f"ref-{thread_id}",
-        **fields,
+        **{**defaults, **fields},
     )  # type: ignore[arg-type]
     return await stack.stub.RegisterThread(request, metadata=stack.worker())
 
 
-async def home(stack: Stack, owner: str = "local", **fields: object) -> pb.ListConversationsResponse:
-    return await stack.stub.ListConversations(
+async def home(
+    stack: Stack, owner: str = "local", *, with_master: bool = False, **fields: object
+) -> pb.ListConversationsResponse:
+    """The owner's home list; the master conversation every installation has (pinned) is left out
+    of the rows unless `with_master`."""
+    response = await stack.stub.ListConversations(
         pb.ListConversationsRequest(**fields),  # type: ignore[arg-type]
         metadata=stack.client(owner),
     )
+    if not with_master:
+        kept = [r for r in response.conversations if r.conversation_type != pb.CONVERSATION_TYPE_MASTER_AGENT]
+        del response.conversations[:]
+        response.conversations.extend(kept)
+    return response
 
 
 async def events_of(stack: Stack, after: int = 0, owner: str = "local") -> list[tuple[str, dict]]:
@@ -67,6 +78,18 @@ async def test_registration_creates_a_single_device_project_once(stack: Stack) -
     ]
     assert rows[0].conversation_id == f"conv-{first.project_id}"
     assert not rows[0].context_budget_indicator.visible
+
+
+async def test_a_default_title_follows_the_folder_a_later_registration_brings(stack: Stack) -> None:
+    first = await register(stack, "th-1", codex_folder="")  # no folder known yet: titled by its id
+    assert first.thread.title == "th-1"
+    later = await register(stack, "th-1", codex_folder="/home/dev/billing-api")
+    assert later.thread.title == "billing-api" and later.thread.codex_folder == "/home/dev/billing-api"
+    named = await register(stack, "th-1", title="Billing API")
+    moved = await register(stack, "th-1", codex_folder="/home/dev/billing-api-v2")
+    assert named.thread.title == "Billing API" and moved.thread.title == "Billing API"  # given: kept
+    rows = (await home(stack)).conversations
+    assert [r.project_title for r in rows] == ["Billing API"]
 
 
 async def test_budget_events_drive_the_ring_detail_and_thread_page_identically(stack: Stack) -> None:
@@ -128,6 +151,7 @@ async def test_budget_events_drive_the_ring_detail_and_thread_page_identically(s
         "style": "ring_percent",
         "percent": 21,
         "level": "critical",
+        "awaiting_reading_after_compaction": False,
     }
 
 
@@ -184,7 +208,7 @@ async def test_group_hides_the_ring_and_detail_lists_every_thread(stack: Stack) 
     ).project
     await stack.budget.publish("thread.context.updated", budget_payload("th-1", 30.0, "urgent"))
     await stack.budget.publish(
-        "thread.context.updated", budget_payload("th-2", 80.0, "safe", node_id="node-b")
+        "thread.context.updated", budget_payload("th-2", 80.0, "safe", node_id="node-b", worker_id="w-b")
     )
     await stack.settle()
 
@@ -216,7 +240,7 @@ async def test_master_agent_ring_follows_its_main_thread(stack: Stack) -> None:
         master.conversation.context_budget_indicator.percent,
         master.conversation.context_budget_thread_id,
     ) == (64, "master-th")
-    rows = (await home(stack)).conversations
+    rows = (await home(stack, with_master=True)).conversations
     assert rows[0].conversation_type == pb.CONVERSATION_TYPE_MASTER_AGENT  # pinned by default
 
 
@@ -437,6 +461,33 @@ async def test_scheduler_strategy_summary_reaches_the_project_detail_and_the_str
     risk = [p for t, p in await events_of(stack) if t == "project.context_risk.updated"]
     assert risk[-1]["master_context_strategy_summary"] == summary
     assert risk[-1]["thread_context"]["thread_id"] == "th-1" and risk[-1]["project_id"] == project_id
+
+
+async def test_a_strategy_summary_of_another_owner_or_of_threads_not_in_the_project_is_not_stored(
+    stack: Stack,
+) -> None:
+    """The scheduler groups readings by the project id their worker names: conversations stores a
+    summary only for the project's owner and of the project's own member threads."""
+    project_id = (await register(stack, "th-1")).project_id
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 31.5, "urgent"))
+    await stack.settle()
+    for owner_id, ranked in (("mallory", ["th-1"]), ("local", ["th-1", "th-mallory"])):
+        await stack.scheduler.publish(
+            "project.context_strategy.updated",
+            {
+                "owner_id": owner_id,
+                "project_id": project_id,
+                "master_context_strategy_summary": f"FOREIGN {' '.join(ranked)}",
+                "ranked_thread_ids": ranked,
+            },
+        )
+    await stack.settle()
+    detail = (
+        await stack.stub.GetProject(pb.GetProjectRequest(project_id=project_id), metadata=stack.client())
+    ).project
+    assert "FOREIGN" not in detail.master_context_strategy_summary
+    risk = [p for t, p in await events_of(stack) if t == "project.context_risk.updated"]
+    assert all("FOREIGN" not in p["master_context_strategy_summary"] for p in risk)
 
 
 async def test_a_reading_at_a_new_level_does_not_carry_the_schedulers_older_summary(stack: Stack) -> None:
@@ -773,3 +824,83 @@ async def test_a_cycle_closed_before_the_compaction_reading_arrives_raises_no_fa
     await stack.scheduler.publish("thread.handoff.closed", closed_payload("th-1", "hp-2", 2))
     await stack.settle()
     assert [t for t, _p in (await events_of(stack))[after_reading:]] == ["project.context_risk.updated"]
+
+
+async def test_a_compaction_awaiting_its_first_reading_is_shown_as_such(stack: Stack) -> None:
+    project_id = (await register(stack, "th-1")).project_id
+    await stack.budget.publish(
+        "thread.context.updated",
+        budget_payload("th-1", 8.0, "critical", version=1, compaction_limit_source="configured"),
+    )
+    await stack.budget.publish(
+        "thread.context.updated",
+        budget_payload(
+            "th-1",
+            100.0,
+            "safe",
+            version=2,
+            compaction_count=1,
+            compaction_limit_source="configured",
+            awaiting_reading_after_compaction=True,
+        ),
+    )
+    await stack.settle()
+    page = (
+        await stack.stub.GetThreadContextBudget(
+            pb.GetThreadContextBudgetRequest(thread_id="th-1"), metadata=stack.client()
+        )
+    ).thread_context_budget
+    assert page.context.awaiting_reading_after_compaction
+    assert (page.context.level, page.context.compaction_count) == ("safe", 1)
+    assert page.context.compaction_limit_source == "configured"
+    # The home list's ring says it too: its percent (100) is a placeholder, not a measurement.
+    row = (await home(stack)).conversations[0]
+    assert row.context_budget_indicator == pb.ContextBudgetIndicator(
+        visible=True,
+        style="ring_percent",
+        percent=100,
+        level="safe",
+        awaiting_reading_after_compaction=True,
+    )
+    detail = (
+        await stack.stub.GetProject(pb.GetProjectRequest(project_id=project_id), metadata=stack.client())
+    ).project
+    assert detail.conversation.context_budget_indicator.awaiting_reading_after_compaction
+    assert detail.active_thread_contexts[0].awaiting_reading_after_compaction
+    indicators = [
+        p["context_budget_indicator"]
+        for t, p in await events_of(stack)
+        if t == "conversation.context_indicator.updated"
+    ]
+    shown = [(i["percent"], i["awaiting_reading_after_compaction"]) for i in indicators]
+    assert shown == [(8, False), (100, True)]
+    risks = [p["thread_context"] for t, p in await events_of(stack) if t == "project.context_risk.updated"]
+    assert risks[-1]["awaiting_reading_after_compaction"] is True
+    seen = len(await events_of(stack))
+
+    # The next real reading clears it, even when it measures 100 % too (the thread holds less than
+    # Codex's 12,000-token baseline): the ring changed from "compacted" to a measured percent.
+    await stack.budget.publish(
+        "thread.context.updated", budget_payload("th-1", 100.0, "safe", version=3, compaction_count=1)
+    )
+    await stack.settle()
+    page = (
+        await stack.stub.GetThreadContextBudget(
+            pb.GetThreadContextBudgetRequest(thread_id="th-1"), metadata=stack.client()
+        )
+    ).thread_context_budget
+    assert not page.context.awaiting_reading_after_compaction
+    assert page.context.compaction_limit_source == ""
+    row = (await home(stack)).conversations[0]
+    assert row.context_budget_indicator == pb.ContextBudgetIndicator(
+        visible=True, style="ring_percent", percent=100, level="safe"
+    )
+    after = [p for t, p in (await events_of(stack))[seen:] if t == "conversation.context_indicator.updated"]
+    assert [p["context_budget_indicator"]["awaiting_reading_after_compaction"] for p in after] == [False]
+    await stack.budget.publish(
+        "thread.context.updated", budget_payload("th-1", 86.3, "safe", version=4, compaction_count=1)
+    )
+    await stack.settle()
+    row = (await home(stack)).conversations[0]
+    indicator = row.context_budget_indicator
+    assert (indicator.percent, indicator.awaiting_reading_after_compaction) == (86, False)

@@ -1,6 +1,7 @@
 """The conversations migrations on SQLite and PostgreSQL: the migrated schema is the table
-definitions, and migration 0003 numbers the messages stored before it per conversation, in the order
-they were stored, with each conversation's counter continuing after its last one."""
+definitions, migration 0003 numbers the messages stored before it per conversation, in the order
+they were stored, with each conversation's counter continuing after its last one, and migration 0008
+marks the home-list rings whose thread is "compacted, waiting for the first reading" already."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy import Engine, create_engine, event, insert, inspect, text
 
-from services.conversations.adapters.tables import metadata
+from services.conversations.adapters.tables import metadata, threads
 from services.conversations.chat.repository import SqlAlchemyChatRepository
 from services.conversations.server import MIGRATIONS_DIR, migrate
 from services.shared.db import Database
@@ -55,12 +56,17 @@ async def test_migrated_schema_matches_the_table_definitions(database_target: Da
     assert {"messages", "message_sequences", "chat_tasks", "projects", "threads"} <= tables
 
 
+async def _migrated_to(target: DatabaseTarget, revision: str) -> tuple[str, Engine]:
+    """The target's schema upgraded to `revision` only, and a synchronous engine on it."""
+    schema = _schema(target)
+    await asyncio.to_thread(upgrade_database, target.url, schema, MIGRATIONS_DIR, revision)
+    return schema, _sync_engine(target)
+
+
 async def test_messages_stored_before_chat_get_sequences_in_their_stored_order(
     database_target: DatabaseTarget,
 ) -> None:
-    schema = _schema(database_target)
-    await asyncio.to_thread(upgrade_database, database_target.url, schema, MIGRATIONS_DIR, "0002")
-    engine = _sync_engine(database_target)
+    schema, engine = await _migrated_to(database_target, "0002")
     stored = [
         ("proj-a", "msg-1"),
         ("proj-b", "msg-2"),
@@ -113,3 +119,65 @@ async def test_messages_stored_before_chat_get_sequences_in_their_stored_order(
             assert [await chat.next_sequence("proj-a"), await chat.next_sequence("proj-new")] == [4, 1]
     finally:
         await database.dispose()
+
+
+async def test_rings_of_threads_awaiting_their_first_reading_say_so_after_the_upgrade(
+    database_target: DatabaseTarget,
+) -> None:
+    schema, engine = await _migrated_to(database_target, "0007_devices")
+    # (project, the thread its ring shows, ring visible); th-compacted awaits its first reading
+    rows = [
+        ("proj-compacted", "th-compacted", True),
+        ("proj-measured", "th-measured", True),
+        ("proj-group", "th-compacted", False),  # a group shows no ring
+        ("proj-new", "", False),
+    ]
+    try:
+        with engine.begin() as connection:
+            for thread_id, awaiting in (("th-compacted", True), ("th-measured", False)):
+                connection.execute(
+                    insert(threads).values(
+                        thread_id=thread_id,
+                        owner_id="local",
+                        node_id="node-a",
+                        worker_id="worker-a",
+                        title=thread_id,
+                        registered_at=T0,
+                        remaining_pct=100.0 if awaiting else 41.0,
+                        level="safe" if awaiting else "watch",
+                        captured_at=T0,
+                        awaiting_reading_after_compaction=awaiting,
+                    )
+                )
+            for project_id, thread_id, visible in rows:
+                connection.execute(
+                    text(
+                        "INSERT INTO projects (project_id, owner_id, conversation_type, title, "
+                        "manual_pinned, sort_at, created_at, updated_at, indicator_thread_id, "
+                        "indicator_visible, indicator_percent, indicator_level, indicator_source_node_id, "
+                        "indicator_must_finish, strategy_summary) VALUES (:project_id, 'local', "
+                        "'single_device', :project_id, false, :at, :at, :at, :thread_id, :visible, 0, '', "
+                        "'', false, '')"
+                    ),
+                    {
+                        "project_id": project_id,
+                        "thread_id": thread_id,
+                        "visible": visible,
+                        "at": T0.replace(tzinfo=None),
+                    },
+                )
+        await migrate(database_target.url, schema)
+        with engine.connect() as connection:
+            query = text("SELECT project_id, indicator_awaiting_reading FROM projects")
+            flags = dict(connection.execute(query).all())
+    finally:
+        engine.dispose()
+    seeded = {
+        project_id for project_id, _thread_id, _visible in rows
+    }  # besides them: the master conversation
+    assert {project_id: bool(flag) for project_id, flag in flags.items() if project_id in seeded} == {
+        "proj-compacted": True,
+        "proj-measured": False,
+        "proj-group": False,
+        "proj-new": False,
+    }

@@ -413,3 +413,14 @@ async def test_creating_a_thread_that_fails_raises_with_the_result(
     with pytest.raises(CodexThreadCreationError) as raised:
         await create_codex_thread(tmp_path, "[[demo:http500]]", codex_settings)
     assert raised.value.result.failure_kind is FailureKind.MODEL_ERROR
+
+
+async def test_a_message_larger_than_the_pipe_goes_in_whole(
+    shared: tuple[CodexThread, CodexRunSettings],
+) -> None:
+    """Longer than a pipe's 64 KiB: the rest is sent while Codex reads, stdin closed after it."""
+    thread, codex_settings = shared
+    message = "".join(f"line {number:06d} of a long message\n" for number in range(3_000))
+    assert len(message.encode()) > 65_536
+    result = await run_codex_turn(_turn(thread, message), codex_settings)
+    assert result.reply_text == reply_text(message)

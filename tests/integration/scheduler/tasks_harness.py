@@ -43,21 +43,26 @@ class ConversationsStreamStandIn(conversations_pb2_grpc.ConversationsServiceServ
 
     async def publish(self, payload: dict[str, Any], event_type: str = "task.requested") -> int:
         """Appends one event; returns its sequence."""
-        sequence = len(self.events) + 1
-        self.events.append(
-            events_pb2.EventEnvelope(
-                sequence=sequence,
-                type=event_type,
-                occurred_at=to_timestamp(START),
-                thread_id=str(payload.get("target_thread_id", "")),
-                project_id=str(payload.get("project_id", "")),
-                node_id=str(payload.get("device_id", "")),
-                payload_json=json.dumps(payload),
+        return await self.publish_together((payload, event_type))
+
+    async def publish_together(self, *events: tuple[dict[str, Any], str]) -> int:
+        """Appends (payload, type) events at once, so a stream waiting for more reads them in one
+        batch; returns the last one's sequence."""
+        for payload, event_type in events:
+            self.events.append(
+                events_pb2.EventEnvelope(
+                    sequence=len(self.events) + 1,
+                    type=event_type,
+                    occurred_at=to_timestamp(START),
+                    thread_id=str(payload.get("target_thread_id", "")),
+                    project_id=str(payload.get("project_id", "")),
+                    node_id=str(payload.get("device_id", "")),
+                    payload_json=json.dumps(payload),
+                )
             )
-        )
         async with self._grown:
             self._grown.notify_all()
-        return sequence
+        return len(self.events)
 
     async def WatchEvents(
         self, request: conversations_pb2.WatchEventsRequest, context: grpc.aio.ServicerContext
@@ -103,6 +108,11 @@ def task_request(
     return payload
 
 
+def cancel_request(task_id: str, owner: str = "owner-1") -> dict[str, Any]:
+    """A `task.cancel_requested` payload as conversations publishes it."""
+    return {"owner_id": owner, "task_id": task_id, "requested_at": "2026-12-01T09:00:05Z"}
+
+
 @dataclass
 class TaskScheduler:
     """A running scheduler, its stand-ins and helpers to drive it like a local agent."""
@@ -118,9 +128,11 @@ class TaskScheduler:
     def stub(self) -> scheduler_pb2_grpc.SchedulerServiceStub:
         return scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
 
-    def worker(self, worker_id: str = "w1", node_id: str = "n1") -> tuple[tuple[str, str], ...]:
-        """Metadata of a worker token."""
-        return bearer_metadata(self.authority.issue_worker(worker_id, node_id))
+    def worker(
+        self, worker_id: str = "w1", node_id: str = "n1", owner_id: str = "owner-1"
+    ) -> tuple[tuple[str, str], ...]:
+        """Metadata of a worker token of `owner_id` (the owner of the tasks `task_request` makes)."""
+        return bearer_metadata(self.authority.issue_worker(worker_id, node_id, owner_id=owner_id))
 
     def service(self) -> tuple[tuple[str, str], ...]:
         """Metadata of a service token."""
@@ -136,12 +148,22 @@ class TaskScheduler:
         assert self.app.task_consumer is not None
         await self.app.task_consumer.wait_for(sequence)
 
+    async def enqueue_together(self, *events: tuple[dict[str, Any], str]) -> None:
+        """Publishes (payload, type) events in one batch and waits until the scheduler applied them."""
+        sequence = await self.conversations.publish_together(*events)
+        assert self.app.task_consumer is not None
+        await self.app.task_consumer.wait_for(sequence)
+
+    async def cancel(self, task_id: str, owner: str = "owner-1") -> None:
+        """Publishes the owner's `task.cancel_requested` and waits until the scheduler applied it."""
+        await self.enqueue(cancel_request(task_id, owner), "task.cancel_requested")
+
     async def claim(
-        self, worker_id: str = "w1", node_id: str = "n1", wait: float = 0
+        self, worker_id: str = "w1", node_id: str = "n1", wait: float = 0, start: bool = False
     ) -> pb.ClaimTaskResponse:
-        """ClaimTask with the worker's own token."""
+        """ClaimTask with the worker's own token (`start`: claim and start in one call)."""
         return await self.stub.ClaimTask(
-            pb.ClaimTaskRequest(worker_id=worker_id, node_id=node_id, wait_seconds=wait),
+            pb.ClaimTaskRequest(worker_id=worker_id, node_id=node_id, wait_seconds=wait, start=start),
             metadata=self.worker(worker_id, node_id),
         )
 

@@ -1,6 +1,8 @@
 """The gateway's handoff routes and CB-14's checklist seam, over real gRPC to a running scheduler
-(SQLite and PostgreSQL). Thread t1 is "owner"'s for the owner check of client tokens (a conversations
-double, tests/integration/bff_gateway/conversations_double.py)."""
+(SQLite and PostgreSQL). Thread t1 is the default owner "local"'s, both for the scheduler (its budget
+events name no owner, as before events carried one, and its worker token names none) and for the
+gateway's owner check of client tokens (a conversations double,
+tests/integration/bff_gateway/conversations_double.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from tests.integration.scheduler.test_scheduler_service import next_commands
 @pytest.fixture
 async def stack(database_target: DatabaseTarget) -> AsyncIterator[tuple[Running, httpx.AsyncClient]]:
     async with running_scheduler(database_target) as running:
-        owners = await start_conversations(running.authority, {"t1": "owner"})
+        owners = await start_conversations(running.authority, {"t1": "local"})
         budget = open_channel(running.upstream_address)
         scheduler = open_channel(f"127.0.0.1:{running.port}")
         conversations = open_channel(owners.address)
@@ -49,7 +51,7 @@ async def stack(database_target: DatabaseTarget) -> AsyncIterator[tuple[Running,
 
 async def test_package_read_consume_and_thread_checklist(stack: tuple[Running, httpx.AsyncClient]) -> None:
     running, http = stack
-    client = {"authorization": f"Bearer {running.authority.issue_client('owner')}"}
+    client = {"authorization": f"Bearer {running.authority.issue_client('local')}"}
     await running.publish(budget_payload(1, "urgent", 30))
     prepare = (await next_commands(running, 3))[-1]
     assert prepare.command_type == pb.COMMAND_TYPE_PREPARE_HANDOFF
@@ -121,7 +123,7 @@ async def test_another_owners_package_is_404_like_an_unknown_one(
 ) -> None:
     running, http = stack
     stranger = {"authorization": f"Bearer {running.authority.issue_client('someone-else')}"}
-    owner = {"authorization": f"Bearer {running.authority.issue_client('owner')}"}
+    owner = {"authorization": f"Bearer {running.authority.issue_client('local')}"}
     await running.publish(budget_payload(1, "urgent", 30))
     prepare = (await next_commands(running, 3))[-1]
     await running.stub.UploadHandoffPackage(

@@ -97,6 +97,33 @@ async def test_strategy_summary_is_published_in_the_background_only_when_its_tex
         assert len(watch) == 2 and watch[-1][1]["next_compaction_risk_thread_id"] == "t1"
 
 
+async def test_two_owners_naming_one_project_get_a_strategy_summary_each(
+    database_target: DatabaseTarget,
+) -> None:
+    """A project id is what a worker reports: another owner's device naming alice's project never
+    puts its thread into alice's summary."""
+    async with running_scheduler(database_target) as running:
+        await running.publish({**budget_payload(1, "safe", 80), "owner_id": "alice"})
+        await running.publish(
+            {
+                **budget_payload(1, "critical", 3, thread_id="t-mallory", must_finish_reason="MALLORY"),
+                "owner_id": "mallory",
+            }
+        )
+        async with asyncio.timeout(5):
+            while True:
+                await running.app.event_log.refresh()
+                events = [p for _t, p in await events_of(running, "project.context_strategy.updated")]
+                latest = {p["owner_id"]: p for p in events}
+                if set(latest) == {"alice", "mallory"}:
+                    break
+                await asyncio.sleep(0.02)
+        assert {p["project_id"] for p in events} == {"p1"}
+        assert latest["alice"]["ranked_thread_ids"] == ["t1"]
+        assert "MALLORY" not in latest["alice"]["master_context_strategy_summary"]
+        assert latest["mallory"]["ranked_thread_ids"] == ["t-mallory"]
+
+
 async def test_levels_commands_package_and_guarantee(database_target: DatabaseTarget) -> None:
     async with running_scheduler(database_target) as running:
         await running.publish(budget_payload(1, "safe", 80))

@@ -2,7 +2,8 @@
 the wrong kind and with malformed input, on SQLite and PostgreSQL: another node's task cannot be
 started, heartbeated or finished even with its lease id, a forged lease changes nothing, client and
 service tokens cannot act as an agent; ids and texts PostgreSQL cannot store (NUL) or that no id is
-are INVALID_ARGUMENT naming the field on both databases; and a `task.requested` holding NUL neither
+(too long, control or bidirectional formatting characters) are INVALID_ARGUMENT naming the field on
+both databases; and a `task.requested` holding NUL neither
 stalls the creation of every later task nor is lost (it is stored failed, so the conversation gets
 its system message)."""
 
@@ -110,8 +111,10 @@ async def test_the_lease_fences_the_claiming_worker_not_only_its_node(
         ("task-1", "lease\x00", "lease_id"),
         ("t" * 100_000, "lease", "task_id"),
         ("task-1", "l" * 100_000, "lease_id"),
+        ("task-1\x1b", "lease", "task_id"),
+        ("task-\u202e1", "lease", "task_id"),
     ],
-    ids=["nul-task-id", "nul-lease-id", "huge-task-id", "huge-lease-id"],
+    ids=["nul-task-id", "nul-lease-id", "huge-task-id", "huge-lease-id", "escape-task-id", "bidi-task-id"],
 )
 async def test_ids_no_task_or_lease_has_are_invalid_argument_naming_them(
     database_target: DatabaseTarget, task_id: str, lease_id: str, field: str
@@ -131,6 +134,32 @@ async def test_ids_no_task_or_lease_has_are_invalid_argument_naming_them(
         if field == "task_id":
             lookup = running.stub.GetTask(pb.GetTaskRequest(task_id=task_id), metadata=running.service())
             assert await refused(lookup) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", [field])
+        assert await running.get("task-1") == before
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("worker_id", "w1\x1b[2J"), ("node_id", "n1\u202e"), ("worker_id", "w1\x85"), ("node_id", "\u2066n1")],
+    ids=["escape-worker-id", "bidi-node-id", "c1-worker-id", "isolate-node-id"],
+)
+async def test_agent_ids_holding_control_or_bidirectional_characters_are_invalid_argument(
+    database_target: DatabaseTarget, field: str, value: str
+) -> None:
+    """Even with a worker token issued for those ids: no task is claimed, started, heartbeated or
+    finished under an id the console would show as another (or not at all)."""
+    agent = {"worker_id": "w1", "node_id": "n1", field: value}
+    worker_id, node_id = agent["worker_id"], agent["node_id"]
+    async with running_task_scheduler(database_target) as running:
+        lease_id = await running_task(running)
+        before = await running.get("task-1")
+
+        for call in (
+            running.claim(worker_id, node_id),
+            running.start("task-1", lease_id, worker_id, node_id),
+            running.heartbeat("task-1", lease_id, worker_id, node_id),
+            running.finish("task-1", lease_id, reply_text="done", worker_id=worker_id, node_id=node_id),
+        ):
+            assert await refused(call) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", [field])
         assert await running.get("task-1") == before
 
 

@@ -67,7 +67,8 @@ async def test_a_task_requested_event_creates_one_queued_task_and_publishes_it(
         assert event["owner_id"] == "owner-1" and event["failure_kind"] == ""
         assert event["claimed_at"] is None and event["created_at"].endswith("Z")
         assert "lease_id" not in event
-        assert running.conversations.requested_types == [["task.requested"]]
+        # The task consumer's stream (the device events have a stream of their own).
+        assert ["task.requested", "task.cancel_requested"] in running.conversations.requested_types
 
 
 async def test_an_unusable_request_is_stored_failed_so_the_conversation_hears_of_it(
@@ -120,6 +121,69 @@ async def test_claim_start_heartbeat_finish_under_one_lease(database_target: Dat
         assert events[-1]["reply_text"] == "All 12 tests pass." and events[-1]["lease_expires_at"] is None
         assert events[1]["worker_id"] == "w1" and events[1]["attempt"] == 1
         assert await running.get("task-1") == done
+
+
+async def test_a_claim_that_asks_to_start_answers_the_task_running_under_the_run_lease(
+    database_target: DatabaseTarget,
+) -> None:
+    async with running_task_scheduler(database_target) as running:
+        await running.enqueue(task_request("task-1"))
+        await running.enqueue(task_request("task-2", thread="thread-2"))
+        await running.enqueue(task_request("task-3"))
+        answer = await running.claim(start=True)
+        task, lease_id = answer.task, answer.lease_id
+        assert task.task_id == "task-1" and task.status == pb.TASK_STATUS_RUNNING and len(lease_id) == 32
+        assert task.attempt == 1 and task.worker_id == "w1"
+        # One transaction: the same database instant on PostgreSQL, the next statement's on SQLite.
+        assert (
+            timedelta(0) <= task.started_at.ToDatetime() - task.claimed_at.ToDatetime() < timedelta(seconds=1)
+        )
+        assert task.lease_expires_at.ToDatetime() - task.started_at.ToDatetime() == timedelta(seconds=30)
+        # The claim's lease is the run's: a StartTask repeat answers it unchanged, heartbeats hold.
+        assert (await running.start("task-1", lease_id)) == task
+        beat = await running.heartbeat("task-1", lease_id)
+        assert beat.status == pb.TASK_STATUS_RUNNING
+        # The thread is busy: its next task waits, another thread's is claimable (and stays claimed
+        # when the claim does not ask to start).
+        other = await running.claim()
+        assert other.task.task_id == "task-2" and other.task.status == pb.TASK_STATUS_CLAIMED
+        assert not (await running.claim(start=True)).HasField("task")
+
+        done = await running.finish("task-1", lease_id, reply_text="Done.")
+        assert done.status == pb.TASK_STATUS_COMPLETED
+        events = await running.status_events("task-1")
+        assert [e["status"] for e in events] == ["queued", "claimed", "running", "completed"]
+        assert events[1]["worker_id"] == "w1" and events[2]["lease_expires_at"] is not None
+
+
+async def test_a_claim_and_start_whose_caller_went_away_puts_the_task_back_in_the_queue(
+    database_target: DatabaseTarget,
+) -> None:
+    async with running_task_scheduler(database_target) as running:
+        await running.enqueue(task_request("task-1"))
+        handlers = running.app.tasks
+        batches = handlers.writes.batches
+        claim = asyncio.ensure_future(handlers.claim("w1", "n1", 0, "owner-1", start=True))
+        while not handlers.writes._queue:  # the claim's write is queued for the next batch
+            await asyncio.sleep(0)
+        claim.cancel()  # the agent's call is cancelled before the batch answers it
+        with pytest.raises(asyncio.CancelledError):
+            await claim
+
+        for _ in range(500):  # the claim's batch commits, then the release's
+            statuses = [e["status"] for e in await running.status_events("task-1")]
+            if len(statuses) == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert statuses == ["queued", "claimed", "running", "queued"]
+        assert handlers.writes.batches >= batches + 2
+        queued = await running.get("task-1")
+        assert queued.status == pb.TASK_STATUS_QUEUED and not queued.HasField("lease_expires_at")
+        assert queued.status_detail == "worker w1 went away before it received this task; queued again"
+        # The next claim gets it and runs it (attempt 2), as a claim lease running out would.
+        again = await running.claim(start=True)
+        assert again.task.task_id == "task-1" and again.task.status == pb.TASK_STATUS_RUNNING
+        assert again.task.attempt == 2 and again.task.status_detail == ""
 
 
 async def test_only_the_nodes_own_agent_claims_and_only_with_a_worker_token(
@@ -299,3 +363,57 @@ async def test_get_task_shows_a_task_to_its_owner_its_node_and_services_only(
             assert (await refused(call))[:2] == (grpc.StatusCode.NOT_FOUND, "TASK_NOT_FOUND")
         unknown = running.stub.GetTask(pb.GetTaskRequest(task_id="nope"), metadata=running.service())
         assert (await refused(unknown))[:2] == (grpc.StatusCode.NOT_FOUND, "TASK_NOT_FOUND")
+
+
+async def test_a_device_of_another_owner_with_the_same_names_cannot_start_beat_or_finish_a_task(
+    database_target: DatabaseTarget,
+) -> None:
+    """Even holding the task's id and its lease id, a worker token of another owner enrolled under
+    the same worker and node names is told nothing (NOT_FOUND, as for an unknown task) and changes
+    nothing; the owner's own agent goes on under its lease."""
+    async with running_task_scheduler(database_target) as running:
+        await running.enqueue(task_request("task-1"))
+        _claimed, lease_id = await claimed(running)
+        twin = running.worker("w1", "n1", owner_id="owner-2")
+
+        def twin_calls() -> list[object]:
+            return [
+                running.stub.StartTask(
+                    pb.StartTaskRequest(worker_id="w1", node_id="n1", task_id="task-1", lease_id=lease_id),
+                    metadata=twin,
+                ),
+                running.stub.HeartbeatTask(
+                    pb.HeartbeatTaskRequest(
+                        worker_id="w1", node_id="n1", task_id="task-1", lease_id=lease_id
+                    ),
+                    metadata=twin,
+                ),
+                running.stub.FinishTask(
+                    pb.FinishTaskRequest(
+                        worker_id="w1",
+                        node_id="n1",
+                        task_id="task-1",
+                        lease_id=lease_id,
+                        status=pb.TASK_STATUS_COMPLETED,
+                        reply_text="a reply from another owner",
+                    ),
+                    metadata=twin,
+                ),
+            ]
+
+        for call in twin_calls():
+            code, reason, _ = await refused(call)
+            assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "TASK_NOT_FOUND")
+        assert (await running.get("task-1")).status == pb.TASK_STATUS_CLAIMED
+
+        await running.start("task-1", lease_id)
+        for call in twin_calls():
+            code, reason, _ = await refused(call)
+            assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "TASK_NOT_FOUND")
+        done = await running.finish("task-1", lease_id, reply_text="the owner's own reply")
+        assert (done.status, done.reply_text) == (pb.TASK_STATUS_COMPLETED, "the owner's own reply")
+        assert [e["status"] for e in await running.status_events("task-1")][-3:] == [
+            "claimed",
+            "running",
+            "completed",
+        ]

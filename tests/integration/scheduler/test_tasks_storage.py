@@ -134,7 +134,9 @@ async def test_the_claim_statement_follows_the_claim_rule(database_target: Datab
             claimed_ids = []
             async with database.transaction() as connection:
                 while (
-                    task := await repository.claim(connection, node, "w1", "lease", timedelta(seconds=30))
+                    task := await repository.claim(
+                        connection, node, "w1", "lease", timedelta(seconds=30), owner_id="owner-1"
+                    )
                 ) is not None:
                     claimed_ids.append(task.task_id)
             assert claimed_ids == expected

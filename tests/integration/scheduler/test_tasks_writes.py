@@ -5,6 +5,8 @@ write is run again alone, so only the failing one fails and nothing is published
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+from datetime import timedelta
 
 import grpc
 import pytest
@@ -16,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from services.scheduler.tasks.model import TaskStatus
 from services.scheduler.tasks.writes import Written
 from services.shared.errors import FailedPrecondition, reason_of
+from services.shared.time import utc_now
 from tests.conftest import DatabaseTarget
 from tests.integration.scheduler.tasks_harness import running_task_scheduler, task_request
 from tests.integration.scheduler.test_tasks_storage import stored_task
@@ -27,7 +30,14 @@ async def test_a_failed_batch_is_run_again_write_by_write(database_target: Datab
         batches = tasks.writes.batches
 
         async def inserts_a_task(connection: AsyncConnection) -> Written[str]:
-            task = stored_task("kept", "thread-1", "n1", TaskStatus.RUNNING, 0)
+            # A lease that is current in real time, so the running sweeper leaves the task alone.
+            now = utc_now()
+            task = replace(
+                stored_task("kept", "thread-1", "n1", TaskStatus.RUNNING, 0),
+                created_at=now,
+                updated_at=now,
+                lease_expires_at=now + timedelta(hours=1),
+            )
             await tasks.repository.insert(connection, [task])
             return Written("inserted", [task])
 

@@ -70,7 +70,8 @@ class ContextBudgetHarness:
             await service.stop(grace=grace)
 
     def worker_token(self, worker_id: str = WORKER_ID, node_id: str = NODE_ID) -> str:
-        return self.authority.issue_worker(worker_id, node_id)
+        """A worker token for owner-1, the owner whose client token reads the threads back."""
+        return self.authority.issue_worker(worker_id, node_id, owner_id="owner-1")
 
     async def stored_snapshot_ids(self) -> set[str]:
         """Every snapshot id in the service's history table (server side)."""

@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 import sys
+from dataclasses import replace
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -27,6 +28,7 @@ from demo_model.codex_home import ENV_KEY, demo_model_environment
 from services.scheduler.tasks.model import TaskSettings
 from tests.codex_support import NewCodexThread
 from tests.conftest import REPOSITORY_ROOT, DatabaseTarget
+from tests.integration.local_agent.test_codex_leftovers import process_runs, running_with, stubborn_bashrc
 from tests.integration.worker_runtime.support import eventually
 from tests.integration.worker_runtime.test_local_agent_loop import (
     NODE,
@@ -41,8 +43,14 @@ from worker.local_agent.codex_turns import codex_run_turn
 from worker.settings import LocalAgentSettings
 
 LEASES = TaskSettings(
+    claim_lease=timedelta(seconds=5), run_lease=timedelta(seconds=15), sweep_interval=timedelta(seconds=0.2)
+)
+"""Leases long enough that a loaded machine never loses a live agent's run (a turn ends by its own
+outcome in these tests, not by the sweeper)."""
+SHORT_LEASES = TaskSettings(
     claim_lease=timedelta(seconds=5), run_lease=timedelta(seconds=3), sweep_interval=timedelta(seconds=0.2)
 )
+"""Leases for the test whose killed worker's run must be failed as device_lost soon."""
 
 
 @pytest.fixture(autouse=True)
@@ -52,9 +60,17 @@ def _demo_model_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def codex_agent(
-    scheduler: SchedulerUnderTest, codex_home: Path, codex_bin: Path, *, stall_timeout_s: float = 10.0
+    scheduler: SchedulerUnderTest,
+    codex_home: Path,
+    codex_bin: Path,
+    *,
+    stall_timeout_s: float = 10.0,
+    kill_grace_s: float | None = None,
+    close_timeout_s: float | None = None,
 ) -> LocalAgent:
-    """The worker's local agent as `python -m worker run` builds it, Codex runner included."""
+    """The worker's local agent as `python -m worker run` builds it, Codex runner included (each
+    turn prepared while its task is started; the cleanups of what Codex left running completed
+    when the agent stops)."""
     settings = LocalAgentSettings(
         scheduler_address=scheduler.address,
         codex_bin=codex_bin,
@@ -62,13 +78,18 @@ def codex_agent(
         turn_cap_s=30.0,
         max_concurrent_tasks=2,
     )
+    runner = codex_run_turn(codex_home, settings)
+    if kill_grace_s is not None:
+        runner.run_settings = replace(runner.run_settings, kill_grace_s=kill_grace_s)
     return LocalAgent(
         scheduler_address=scheduler.address,
         token=scheduler.token,
         worker_id=WORKER,
         node_id=NODE,
-        run_turn=codex_run_turn(codex_home, settings),
+        run_turn=runner,
         claim_wait_s=5.0,
+        on_stopped=partial(runner.close, close_timeout_s),
+        prepare_turn=runner.prepare,
     )
 
 
@@ -186,6 +207,48 @@ async def test_stopping_the_agent_mid_turn_kills_codex_and_reports_interrupted(
     assert codex_processes_using(thread.session_id) == []
 
 
+async def test_the_task_completes_before_codexs_helpers_are_stopped_and_the_stopped_agent_leaves_none(
+    database_target: DatabaseTarget,
+    new_codex_thread: NewCodexThread,
+    codex_home: Path,
+    codex_bin: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Codex's shell snapshot sources a ~/.bashrc whose process ignores SIGTERM: it outlives the
+    turn by the kill grace (60 s here, so a loaded machine still sees it). The task is finished
+    with the reply meanwhile; stopping the agent (its close waits 2 s, then SIGKILLs) leaves none."""
+    thread = await new_codex_thread("start")
+    marker, environment = stubborn_bashrc(tmp_path)
+    monkeypatch.setenv("HOME", environment["HOME"])
+    async with scheduler_for(database_target, LEASES) as scheduler:
+        await scheduler.request(
+            "task-helpers",
+            "hello",
+            thread=thread.session_id,
+            codex_thread_ref=thread.session_id,
+            codex_folder_ref=str(thread.folder),
+        )
+        agent = codex_agent(scheduler, codex_home, codex_bin, kill_grace_s=60.0, close_timeout_s=2.0)
+        stop = asyncio.Event()
+        running = asyncio.create_task(agent.run(stop))
+        try:
+            await eventually(partial(scheduler.is_terminal, "task-helpers"), timeout=30, what="the end")
+            finished = await scheduler.get("task-helpers")
+            await eventually(lambda: running_with(marker) != [], timeout=10, what="the shell helper")
+            helpers = running_with(marker)
+            stopping_began = asyncio.get_running_loop().time()
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, 20)
+
+    assert (finished.status, finished.reply_text) == (pb.TASK_STATUS_COMPLETED, reply_text("hello"))
+    assert helpers != [], "the shell snapshot should outlive the finished task"
+    assert [pid for pid in helpers if process_runs(pid)] == []
+    assert running_with(marker) == []
+    assert asyncio.get_running_loop().time() - stopping_began < 30, "close() should not wait the grace"
+
+
 async def start_worker_process(
     scheduler: SchedulerUnderTest, codex_home: Path, codex_bin: Path, data_dir: Path, log: BinaryIO
 ) -> asyncio.subprocess.Process:
@@ -249,7 +312,7 @@ async def test_a_worker_process_stopped_mid_turn_ends_its_task_in_a_failure(
     data_dir = tmp_path / "worker-data"
     data_dir.mkdir()
     with (data_dir / "worker.log").open("ab") as log:
-        async with scheduler_for(database_target, LEASES) as scheduler:
+        async with scheduler_for(database_target, SHORT_LEASES) as scheduler:
             worker = await start_worker_process(scheduler, codex_home, codex_bin, data_dir, log)
             try:
                 await scheduler.request(

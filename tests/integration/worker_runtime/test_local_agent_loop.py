@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -45,10 +45,12 @@ from worker.settings import LocalAgentSettings, WorkerSettings
 WORKER = "worker-a"
 NODE = "node-a"
 FAST = TaskSettings(
-    claim_lease=timedelta(seconds=1.5),
-    run_lease=timedelta(seconds=0.9),
+    claim_lease=timedelta(seconds=3),
+    run_lease=timedelta(seconds=2),
     sweep_interval=timedelta(seconds=0.1),
 )
+"""Short leases, but not so short that a loaded machine (the scheduler runs in the test's own event
+loop) delays a heartbeat past one: 0.9 s leases failed runs on a machine with a load of 6 on 2 cores."""
 """Short leases: the agent heartbeats every 0.3 s, the sweeper looks every 0.1 s."""
 TEST_CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
 """The test's own connection to the scheduler shares no reconnect state with the agent's."""
@@ -119,7 +121,8 @@ class SchedulerUnderTest:
             self.app = None
 
     def token(self, worker_id: str = WORKER, node_id: str = NODE) -> str:
-        return self.authority.issue_worker(worker_id, node_id)
+        """A worker token of owner-1, the owner of the tasks `task_request` makes."""
+        return self.authority.issue_worker(worker_id, node_id, owner_id="owner-1")
 
     async def request(
         self, task_id: str, text: str, *, thread: str = "thread-1", node: str = NODE, **fields: str
@@ -237,6 +240,8 @@ async def running_agent(
     worker_id: str = WORKER,
     slots: int = 2,
     cancel_grace_s: float = 5.0,
+    on_stopped: Callable[[], Awaitable[None]] | None = None,
+    prepare_turn: Callable[[pb.Task], None] | None = None,
 ) -> AsyncIterator[AgentRun]:
     """A LocalAgent claiming from `scheduler` until the block ends (then stopped, as on SIGTERM)."""
     agent = LocalAgent(
@@ -248,6 +253,8 @@ async def running_agent(
         max_concurrent_tasks=slots,
         claim_wait_s=5.0,
         cancel_grace_s=cancel_grace_s,
+        on_stopped=on_stopped,
+        prepare_turn=prepare_turn,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
@@ -307,7 +314,7 @@ def _without_repeats(statuses: list[str]) -> list[str]:
 async def test_a_turn_running_many_leases_long_keeps_its_lease_by_heartbeating(
     database_target: DatabaseTarget,
 ) -> None:
-    turns = StubTurns(hold_s=3.0)
+    turns = StubTurns(hold_s=6.5)
     async with scheduler_for(database_target) as scheduler, running_agent(scheduler, turns):
         await scheduler.request("task-long", "take your time")
         await eventually(lambda: scheduler.is_terminal("task-long"), what="the long task to finish")
@@ -368,6 +375,73 @@ async def test_stopping_the_agent_finishes_its_running_turn_as_interrupted(
         "session-task-stop",
     )
     assert turns.cancelled == ["task-stop"]
+
+
+async def test_on_stopped_is_awaited_once_the_interrupted_turn_is_finished(
+    database_target: DatabaseTarget,
+) -> None:
+    turns = StubTurns("blocks until stopped")
+    seen_when_stopped: list[tuple[int, bool]] = []
+    async with scheduler_for(database_target) as scheduler:
+
+        async def on_stopped() -> None:
+            task = await scheduler.get("task-stop")
+            seen_when_stopped.append((task.failure_kind, run.task.done()))
+
+        async with running_agent(scheduler, turns, on_stopped=on_stopped) as run:
+            await scheduler.request("task-stop", "blocks until stopped")
+            await eventually(lambda: turns.started == ["task-stop"], what="the turn to start")
+            assert seen_when_stopped == []
+            run.stop.set()
+            await asyncio.wait_for(run.task, 15)
+
+    assert seen_when_stopped == [(pb.FAILURE_KIND_INTERRUPTED, False)]
+
+
+async def test_prepare_turn_sees_each_claimed_task_before_its_turn_runs_and_runs_nothing(
+    database_target: DatabaseTarget,
+) -> None:
+    turns = StubTurns("held")
+    prepared: list[tuple[str, int, list[str]]] = []
+    statuses_seen: list[str] = []
+
+    def prepare(task: pb.Task) -> None:
+        prepared.append((task.task_id, task.status, list(turns.log)))
+
+    async with scheduler_for(database_target) as scheduler:
+        async with running_agent(scheduler, turns, prepare_turn=prepare):
+            await scheduler.request("task-prepared", "held")
+            await eventually(lambda: turns.started == ["task-prepared"], what="the turn to start")
+            statuses_seen = _without_repeats(await scheduler.statuses("task-prepared"))
+            turns.release("held")
+            await eventually(lambda: scheduler.is_terminal("task-prepared"), what="the task to finish")
+        done = await scheduler.get("task-prepared")
+
+    # Claimed and started in one call (ClaimTask start): prepared before any turn ran.
+    assert prepared == [("task-prepared", pb.TASK_STATUS_RUNNING, [])]
+    assert statuses_seen == ["queued", "claimed", "running"]
+    assert done.status == pb.TASK_STATUS_COMPLETED
+
+
+async def test_a_prepare_turn_that_raises_is_logged_and_the_turn_still_runs(
+    database_target: DatabaseTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="worker.local_agent.agent_loop")
+    turns = StubTurns()
+
+    def prepare(task: pb.Task) -> None:
+        raise RuntimeError("no preparation today")
+
+    async with scheduler_for(database_target) as scheduler:
+        async with running_agent(scheduler, turns, prepare_turn=prepare):
+            await scheduler.request("task-unprepared", "hello")
+            await eventually(lambda: scheduler.is_terminal("task-unprepared"), what="the task to finish")
+        done = await scheduler.get("task-unprepared")
+
+    assert (done.status, done.reply_text) == (pb.TASK_STATUS_COMPLETED, "reply to: hello")
+    assert [record.getMessage() for record in caplog.records] == [
+        "task task-unprepared: preparing its turn failed; the turn gets ready by itself"
+    ]
 
 
 async def test_two_tasks_of_one_thread_run_one_after_the_other(database_target: DatabaseTarget) -> None:

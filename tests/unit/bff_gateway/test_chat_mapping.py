@@ -195,7 +195,12 @@ def test_a_page_of_messages_ends_with_a_null_token() -> None:
     last = as_json(message_page(pb.ListMessagesResponse()))
 
     assert (middle["nextPageToken"], [m["sequence"] for m in middle["messages"]]) == ("t2", [7])
-    assert last == {"messages": [], "nextPageToken": None}
+    assert last == {
+        "messages": [],
+        "nextPageToken": None,
+        "pendingDispatchPlan": None,
+        "collaborationGate": None,
+    }
 
 
 def test_task_polling_and_retry_answers_share_one_shape() -> None:

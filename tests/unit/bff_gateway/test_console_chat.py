@@ -28,11 +28,11 @@ NODE = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed (`apt-get install -y nodejs`)")
 
 # The console's scripts in the order index.html loads them.
-SCRIPTS = ["times.js", "chat.js", "chat_view.js", "app.js"]
+SCRIPTS = ["times.js", "chat.js", "chat_view.js", "group_view.js", "devices.js", "app.js"]
 
 # Loads the scripts named in argv[3] (JSON) into one context with a minimal DOM and a fetch that
-# answers from `routes` (path -> JSON answer; `calls` records each path), then prints the JSON
-# value of the JavaScript in argv[4].
+# answers from `routes` (path -> JSON answer; `calls` records each method and path, `bodies` each
+# request's JSON body or null), then prints the JSON value of the JavaScript in argv[4].
 HARNESS = r"""
 const fs = require("fs");
 const path = require("path");
@@ -67,9 +67,10 @@ function byClass(node, cls, found = []) {
 
 const storage = new Map();
 const calls = [];
+const bodies = [];
 const routes = {};
 const context = {
-  console, URLSearchParams, setTimeout, clearTimeout, FakeNode, byClass, calls, routes,
+  console, URLSearchParams, setTimeout, clearTimeout, FakeNode, byClass, calls, bodies, routes, storage,
   Node: FakeNode,
   CSS: { escape: (value) => value },
   crypto: require("crypto").webcrypto,
@@ -90,11 +91,17 @@ const context = {
   window: { addEventListener() {} },
   fetch: async (url, init) => {
     calls.push([(init && init.method) || "GET", url]);
+    bodies.push(init && init.body ? JSON.parse(init.body) : null);
     if (!(url in routes)) {
       const problem = { detail: "no route " + url };
       return { ok: false, status: 404, statusText: "Not Found", json: async () => problem };
     }
-    return { ok: true, status: 200, json: async () => routes[url] };
+    const answer = routes[url];
+    // `{ refusal: status, problem }`: the gateway refuses with that status and problem+json body.
+    if (answer && answer.refusal) {
+      return { ok: false, status: answer.refusal, statusText: "Refused", json: async () => answer.problem };
+    }
+    return { ok: true, status: 200, json: async () => answer };
   },
 };
 vm.createContext(context);
@@ -222,8 +229,11 @@ def test_every_task_status_maps_to_one_client_state(tmp_path: Path) -> None:
     assert result["failed_kind_only"]["detail"] == "the thread's Codex session was not found on this machine"
     assert result["failed_in_words"]["detail"] == "model error: 500"
     retryable = {name for name, view in result.items() if view["retryable"]}
-    # What POST /api/v1/tasks/{id}/retry accepts: failed, timed out or expired, not retried yet.
-    assert retryable == {"failed", "timed_out", "expired", "failed_kind_only", "failed_in_words"}
+    # What POST /api/v1/tasks/{id}/retry accepts: failed, timed out, cancelled or expired, not
+    # retried yet; and /cancel: queued or claimed.
+    assert retryable == {"failed", "timed_out", "cancelled", "expired", "failed_kind_only", "failed_in_words"}
+    cancellable = {name for name, view in result.items() if view["cancellable"]}
+    assert cancellable == {"queued", "claimed", "queued_offline", "no_device"}
     assert [
         name for name, view in result.items() if view["terminal"] != (view["state"] in {"done", "failed"})
     ] == []
@@ -556,3 +566,117 @@ def test_a_reconnect_fetches_only_what_came_after_the_last_sequence(tmp_path: Pa
 def test_the_page_loads_the_scripts_in_the_order_these_tests_do() -> None:
     page = (CONSOLE_DIR / "index.html").read_text()
     assert re.findall(r'<script src="([^"]+)"></script>', page) == SCRIPTS
+
+
+MASTER = {
+    "project_id": "master-1",
+    "project_title": "Master agent",
+    "conversation_type": "master_agent",
+    "active_thread_contexts": [],
+}
+MASTER_MESSAGES_URL = "/api/v1/projects/master-1/messages?after="
+
+
+def master_lines(tmp_path: Path, routes: dict[str, Any], then: str = "") -> Any:
+    """Loads the master agent's chat with `routes` as the REST answers (`then` runs after the load)
+    and returns the REST calls and, per message drawn, its author's name and its task line."""
+    return run_console(
+        tmp_path,
+        f"""(async () => {{
+          Object.assign(routes, {json.dumps(routes)});
+          state.token = "token";
+          const chat = chatFor({json.dumps(MASTER)});
+          await syncChat(chat);
+          {then}
+          clearTimeout(chat.pollTimer);
+          return {{
+            calls,
+            placeholder: chat.text.attributes.placeholder,
+            items: chat.list.childNodes.map((item) => {{
+              const line = byClass(item, "task-state")[0];
+              return [
+                byClass(item, "meta")[0].textContent.split(" · ")[0],
+                byClass(item, "bubble")[0].textContent,
+                line ? byClass(line, "label")[0].textContent : null,
+              ];
+            }}),
+          }};
+        }})()""",
+        SCRIPTS,
+    )
+
+
+def model_task(task_id: str, status: str, **fields: Any) -> dict[str, Any]:
+    """A task the master agent's model answers: no device, no thread."""
+    return task(
+        task_id,
+        status,
+        projectId="master-1",
+        targetProjectId="master-1",
+        targetThreadId="",
+        deviceId="",
+        codexFolderRef="",
+        codexThreadRef="",
+        **fields,
+    )
+
+
+def test_the_master_agents_chat_names_its_replies_and_its_waiting_tasks(tmp_path: Path) -> None:
+    history = [
+        message(1, "user", "which thread is close to compaction?", "t-1"),
+        message(2, "master", "parser, with 12 % left (critical)", "t-1"),
+        message(3, "user", "and the slow one? [[demo:slow=6]]", "t-2"),
+        message(4, "user", "anything else?", "t-3"),
+    ]
+    routes = {
+        f"{MASTER_MESSAGES_URL}0": {"messages": history, "nextPageToken": None},
+        "/api/v1/tasks/t-2": {"task": model_task("t-2", "running"), "collaborationGate": {"state": "open"}},
+        "/api/v1/tasks/t-3": {"task": model_task("t-3", "queued"), "collaborationGate": {"state": "open"}},
+    }
+    result = master_lines(tmp_path, routes)
+
+    # The master agent's reply ends its task's wait: only the unanswered ones are looked up.
+    assert result["calls"] == [
+        ["GET", f"{MASTER_MESSAGES_URL}0"],
+        ["GET", "/api/v1/tasks/t-2"],
+        ["GET", "/api/v1/tasks/t-3"],
+    ]
+    assert result["placeholder"] == "Ask the master agent"
+    assert result["items"] == [
+        ["you", "which thread is close to compaction?", None],
+        ["master agent", "parser, with 12 % left (critical)", None],
+        ["you", "and the slow one? [[demo:slow=6]]", "the master agent is working…"],
+        ["you", "anything else?", "queued for the master agent"],
+    ]
+
+
+def test_an_inline_master_reply_is_fetched_at_once_and_ends_the_wait(tmp_path: Path) -> None:
+    question = message(1, "user", "which thread is close to compaction?", "t-1")
+    reply = message(2, "master", "parser, with 12 % left (critical)", "t-1")
+    routes = {
+        f"{MASTER_MESSAGES_URL}0": {"messages": [], "nextPageToken": None},
+        "/api/v1/projects/master-1/messages": {
+            "message": question,
+            "masterReply": reply["text"],
+            "dispatchPlan": None,
+            "task": model_task("t-1", "completed", resultMessageId="m-2"),
+            "collaborationGate": {"state": "open", "tasksTotal": 0, "tasksDone": 0, "detail": ""},
+        },
+        f"{MASTER_MESSAGES_URL}1": {"messages": [reply], "nextPageToken": None},
+    }
+    then = """
+      chat.text.value = "which thread is close to compaction?";
+      calls.length = 0;
+      await sendDraft(chat);
+      await chat.syncing;
+    """
+    result = master_lines(tmp_path, routes, then)
+
+    assert result["calls"] == [
+        ["POST", "/api/v1/projects/master-1/messages"],
+        ["GET", f"{MASTER_MESSAGES_URL}1"],
+    ]
+    assert result["items"] == [
+        ["you", "which thread is close to compaction?", None],
+        ["master agent", "parser, with 12 % left (critical)", None],
+    ]

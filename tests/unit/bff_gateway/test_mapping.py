@@ -161,6 +161,33 @@ def test_thread_view_turns_unknown_figures_into_nulls() -> None:
     assert (view["wrap_up_checklist"], view["handoff_package"]) == ([], None)
 
 
+def test_thread_view_says_where_l_came_from_and_a_compaction_awaiting_its_reading() -> None:
+    context = pb.ThreadContext(
+        snapshot=pb.ThreadContextSnapshot(
+            thread_id="thread-abc",
+            node_id="mac-01",
+            worker_id="worker-mac-01",
+            source_kind=pb.SOURCE_KIND_WORKER_ESTIMATOR,
+            context_budget_remaining_pct=100.0,
+            compaction_count=2,
+            auto_compact_token_limit=20_000,
+            compaction_limit_source=pb.COMPACTION_LIMIT_SOURCE_CONFIGURED,
+            awaiting_reading_after_compaction=True,
+            captured_at=to_timestamp(datetime(2026, 3, 25, 7, 56, tzinfo=UTC)),
+        ),
+        context_budget_level=pb.CONTEXT_BUDGET_LEVEL_SAFE,
+    )
+    view = thread_context_view(context).model_dump(mode="json")
+    assert (view["compaction_limit_source"], view["auto_compact_token_limit"]) == ("configured", 20_000)
+    assert view["awaiting_reading_after_compaction"] is True
+    assert (view["last_total_tokens"], view["codex_context_left_pct"]) == (None, None)
+    unreported = thread_context_view(pb.ThreadContext(snapshot=pb.ThreadContextSnapshot())).model_dump()
+    assert (unreported["compaction_limit_source"], unreported["awaiting_reading_after_compaction"]) == (
+        None,
+        False,
+    )
+
+
 def test_alerts_map_with_lower_case_names_and_utc_time() -> None:
     context = pb.ThreadContext(
         snapshot=pb.ThreadContextSnapshot(thread_id="t", node_id="n"),

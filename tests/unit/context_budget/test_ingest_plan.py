@@ -15,9 +15,11 @@ from services.context_budget.domain.model import (
     AlertType,
     ContextBudgetLevel,
     Snapshot,
+    SourceKind,
     ThreadState,
     ThresholdPolicy,
 )
+from services.shared.errors import field_violations_of
 from tests.unit.context_budget.factories import NOW, make_snapshot, make_state
 
 SAFE, WATCH, URGENT, CRITICAL = (
@@ -31,7 +33,7 @@ SAFE, WATCH, URGENT, CRITICAL = (
 def plan(
     snapshots: Sequence[Snapshot],
     current: Mapping[str, ThreadState] | None = None,
-    existing: set[str] | None = None,
+    existing: Sequence[Snapshot] = (),
     policies: Mapping[str, ThresholdPolicy] | None = None,
     **kwargs: Any,
 ) -> IngestPlan:
@@ -39,7 +41,7 @@ def plan(
     return plan_ingest(
         snapshots,
         current={thread_id: state.head for thread_id, state in (current or {}).items()},
-        existing_snapshot_ids=existing or set(),
+        existing_snapshots={stored.snapshot_id: stored for stored in existing},
         policies=policies or {},
         now=NOW,
         new_alert_id=lambda: f"alert-{next(counter)}",
@@ -179,14 +181,15 @@ def test_several_snapshots_of_one_thread_apply_in_order_within_a_batch() -> None
 
 def test_duplicates_are_answered_and_not_stored() -> None:
     state = make_state(make_snapshot(context_budget_remaining_pct=45), WATCH)
+    old = make_snapshot(snapshot_id="old", snapshot_version=5, context_budget_remaining_pct=10)
     result = plan(
         [
-            make_snapshot(snapshot_id="old", snapshot_version=5, context_budget_remaining_pct=10),
+            replace(old),
             make_snapshot(snapshot_id="new", snapshot_version=6, context_budget_remaining_pct=30),
             make_snapshot(snapshot_id="new", snapshot_version=6, context_budget_remaining_pct=30),
         ],
         current={"thread-abc": state},
-        existing={"old"},
+        existing=[old],
     )
     assert [(o.snapshot_id, o.duplicate, o.level) for o in result.outcomes] == [
         ("old", True, WATCH),
@@ -270,6 +273,7 @@ def test_compaction_risk_opens_and_resolves() -> None:
     assert risk_event.payload == {
         "thread_id": "thread-abc",
         "project_id": "proj-001",
+        "owner_id": "",
         "alert_id": risk_alerts[0].alert_id,
         "reason": "level urgent and must finish before compaction: patch",
         "compaction_expected_at": None,
@@ -348,6 +352,7 @@ def test_compaction_count_increase_is_observed() -> None:
             "thread_id": "thread-abc",
             "project_id": "proj-001",
             "node_id": "mac-01",
+            "owner_id": "",
             "compaction_count": 2,
             "previous_compaction_count": 1,
             "last_compaction_at": "2026-03-25T08:00:00Z",
@@ -362,13 +367,14 @@ def test_updated_payload_carries_every_documented_field() -> None:
     updated = result.events[0]
     assert isinstance(updated, ev.EventDraft)
     assert set(updated.payload) == {
-        "thread_id", "project_id", "task_id", "node_id", "worker_id", "snapshot_id", "source_kind",
-        "context_budget_remaining_pct", "context_budget_level", "previous_level",
+        "thread_id", "project_id", "task_id", "node_id", "worker_id", "owner_id", "snapshot_id",
+        "source_kind", "context_budget_remaining_pct", "context_budget_level", "previous_level",
         "reported_context_budget_level", "compaction_expected_at", "must_finish_before_compaction",
         "must_finish_reason", "estimated_remaining_turns", "estimated_remaining_large_messages",
         "last_compaction_at", "compaction_count", "snapshot_version", "captured_at", "updated_at",
         "codex_context_left_pct", "last_total_tokens", "model_context_window", "auto_compact_token_limit",
-        "codex_folder", "master_actions", "next_required_report_in_seconds",
+        "codex_folder", "compaction_limit_source", "awaiting_reading_after_compaction", "master_actions",
+        "next_required_report_in_seconds",
     }  # fmt: skip
     assert updated.payload["master_actions"] == [
         "prepare_handoff",
@@ -379,3 +385,132 @@ def test_updated_payload_carries_every_documented_field() -> None:
     assert updated.payload["next_required_report_in_seconds"] == 5
     assert updated.payload["source_kind"] == "worker_estimator"
     assert updated.payload["estimated_remaining_turns"] == 4
+
+
+def test_a_different_reading_under_a_stored_snapshot_id_is_refused_naming_the_field() -> None:
+    state = make_state(make_snapshot(context_budget_remaining_pct=45), WATCH)
+    stored = make_snapshot(snapshot_id="old", snapshot_version=5, context_budget_remaining_pct=10)
+    result = plan(
+        [
+            make_snapshot(snapshot_id="old", snapshot_version=5, context_budget_remaining_pct=12.5),
+            make_snapshot(snapshot_id="new", snapshot_version=6, context_budget_remaining_pct=30),
+            make_snapshot(snapshot_id="new", snapshot_version=6, context_budget_remaining_pct=31),
+        ],
+        current={"thread-abc": state},
+        existing=[stored],
+    )
+    first, applied, reused = result.outcomes
+    assert first.error is not None and reused.error is not None
+    for refused in (first, reused):
+        assert refused.error is not None
+        status = refused.error.to_status()
+        assert status.code == 6  # ALREADY_EXISTS
+        assert refused.error.reason == "SNAPSHOT_ID_REUSED"
+        assert [v.field for v in field_violations_of(status)] == ["snapshot_id"]
+        assert not refused.duplicate
+    assert applied.error is None and applied.level == URGENT
+    assert [s.snapshot.snapshot_id for s in result.snapshots] == ["new"]
+    assert [state.snapshot.context_budget_remaining_pct for state in result.states] == [30]
+
+
+def test_every_field_of_a_reading_tells_a_repeat_from_a_different_reading() -> None:
+    stored = make_snapshot(snapshot_id="kept", compaction_expected_at=NOW, must_finish_reason="tests")
+    assert stored.same_reading_as(replace(stored))
+    assert stored.same_reading_as(replace(stored, owner_id="someone"))  # history keeps no owner
+    changes: dict[str, Any] = {
+        "project_id": "proj-002",
+        "task_id": "task-2",
+        "thread_id": "thread-other",
+        "node_id": "node-other",
+        "worker_id": "worker-other",
+        "source_kind": SourceKind.CODEX_SDK,
+        "context_budget_remaining_pct": 80.5,
+        "reported_level": ContextBudgetLevel.WATCH,
+        "compaction_expected_at": NOW + timedelta(seconds=1),
+        "must_finish_before_compaction": True,
+        "estimated_remaining_turns": 3,
+        "estimated_remaining_large_messages": 1,
+        "last_compaction_at": NOW,
+        "compaction_count": 4,
+        "snapshot_version": 99,
+        "captured_at": NOW - timedelta(seconds=1),
+        "last_total_tokens": 1,
+        "model_context_window": 2,
+        "auto_compact_token_limit": 3,
+        "codex_context_left_pct": 1,
+        "must_finish_reason": "other",
+        "codex_folder": "/other",
+    }
+    for name, value in changes.items():
+        assert not stored.same_reading_as(replace(stored, **{name: value})), name
+
+
+def test_a_thread_is_refused_to_any_device_but_its_own() -> None:
+    mine = make_state(make_snapshot(owner_id="owner-a", context_budget_remaining_pct=45), WATCH)
+    result = plan(
+        [
+            make_snapshot(
+                snapshot_id="s1", snapshot_version=6, owner_id="owner-b", context_budget_remaining_pct=12.5
+            ),
+            make_snapshot(
+                snapshot_id="s2",
+                snapshot_version=7,
+                owner_id="owner-a",
+                node_id="win-02",
+                context_budget_remaining_pct=12.5,
+            ),
+            make_snapshot(
+                snapshot_id="s3", snapshot_version=8, owner_id="owner-a", context_budget_remaining_pct=40
+            ),
+        ],
+        current={"thread-abc": mine},
+    )
+    other_owner, other_node, own = result.outcomes
+    for refused in (other_owner, other_node):
+        assert refused.error is not None
+        assert refused.error.reason == "THREAD_BOUND_TO_OTHER_DEVICE"
+        assert refused.error.to_status().code == 7  # PERMISSION_DENIED
+        assert "owner-a" not in refused.error.message and "mac-01" not in refused.error.message
+    assert own.error is None and own.level == WATCH
+    assert [s.snapshot.snapshot_id for s in result.snapshots] == ["s3"]
+
+
+def test_a_new_thread_belongs_to_the_first_device_of_the_batch() -> None:
+    result = plan(
+        [
+            make_snapshot(snapshot_id="a1", snapshot_version=1, owner_id="owner-a"),
+            make_snapshot(
+                snapshot_id="b1", snapshot_version=2, owner_id="owner-b", context_budget_remaining_pct=5
+            ),
+        ]
+    )
+    first, second = result.outcomes
+    assert first.error is None
+    assert second.error is not None and second.error.reason == "THREAD_BOUND_TO_OTHER_DEVICE"
+    assert [state.snapshot.owner_id for state in result.states] == ["owner-a"]
+    assert [state.snapshot.context_budget_remaining_pct for state in result.states] == [80.0]
+
+
+def test_a_compaction_awaiting_its_first_reading_resolves_the_critical_alert_and_is_observed() -> None:
+    critical = make_snapshot(context_budget_remaining_pct=8, compaction_count=1, captured_at=at(10))
+    state = make_state(critical, CRITICAL, level_alert_id="alert-critical")
+    awaiting = make_snapshot(
+        snapshot_id="snap-2",
+        snapshot_version=critical.snapshot_version + 1,
+        captured_at=at(20),
+        context_budget_remaining_pct=100.0,
+        last_total_tokens=0,
+        codex_context_left_pct=None,
+        compaction_count=2,
+        last_compaction_at=at(20),
+        awaiting_reading_after_compaction=True,
+    )
+    result = plan([awaiting], current={"thread-abc": state})
+    (new_state,) = result.states
+    assert (new_state.level, new_state.level_alert_id) == (SAFE, None)
+    assert result.resolve_alert_ids == ["alert-critical"]
+    assert ev.THREAD_CONTEXT_COMPACTION_OBSERVED in event_types(result)
+    updated = result.events[0]
+    assert isinstance(updated, ev.EventDraft)
+    assert updated.payload["awaiting_reading_after_compaction"] is True
+    assert updated.payload["master_actions"] == ["refresh_stage_summary"]

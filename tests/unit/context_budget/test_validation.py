@@ -12,7 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.context_budget.domain.model import ContextBudgetLevel, SnapshotInput, SourceKind
+from services.context_budget.domain.model import (
+    CompactionLimitSource,
+    ContextBudgetLevel,
+    SnapshotInput,
+    SourceKind,
+)
 from services.context_budget.domain.validation import (
     SNAPSHOT_ID_NAMESPACE,
     derive_snapshot_id,
@@ -20,6 +25,7 @@ from services.context_budget.domain.validation import (
     validate_snapshot,
 )
 from services.shared.errors import InvalidArgument
+from services.shared.identifiers import THREAD_ID_CHARACTERS
 from tests.unit.context_budget.factories import NOW, make_input, raw_timestamp
 
 
@@ -151,6 +157,17 @@ def test_identifiers_length_and_control_characters() -> None:
     assert violations_of(make_input(node_id="a\nb")) == ["snapshot.node_id"]
     assert violations_of(make_input(project_id="p\x7f")) == ["snapshot.project_id"]
     assert violations_of(make_input(snapshot_id="s\x85")) == ["snapshot.snapshot_id"]
+    assert violations_of(make_input(worker_id="w\u202e1")) == ["snapshot.worker_id"]
+
+
+@pytest.mark.parametrize("thread_id", ["a/b", "a\u202eb", "x\u200fy", "caf\u00e9", "with space", "tab\tid"])
+def test_a_thread_id_outside_the_documented_alphabet_is_refused(thread_id: str) -> None:
+    assert violations_of(make_input(thread_id=thread_id)) == ["snapshot.thread_id"]
+
+
+def test_a_uuid_and_the_other_characters_of_the_alphabet_make_a_thread_id() -> None:
+    for thread_id in ("0199c2a4-5b1e-7c2d-9e3f-a1b2c3d4e5f6", "Team_1.thread:2@node+x"):
+        assert validate_snapshot(make_input(thread_id=thread_id), now=NOW, prefix="s").thread_id == thread_id
 
 
 def test_reason_allows_newlines_but_not_other_control_characters() -> None:
@@ -178,6 +195,7 @@ ids = st.text(
     max_size=200,
 )
 optional_ids = st.one_of(st.just(""), ids)
+thread_ids = st.text(alphabet=sorted(THREAD_ID_CHARACTERS), min_size=1, max_size=200)
 past_instants = st.datetimes(
     min_value=datetime(2000, 1, 1),
     max_value=NOW.replace(tzinfo=None) + timedelta(minutes=5),
@@ -197,7 +215,7 @@ def valid_inputs(draw: st.DrawFn) -> SnapshotInput:
         snapshot_id=draw(optional_ids),
         project_id=draw(optional_ids),
         task_id=draw(optional_ids),
-        thread_id=draw(ids),
+        thread_id=draw(thread_ids),
         node_id=draw(ids),
         worker_id=draw(ids),
         source_kind=draw(st.integers(1, 3)),
@@ -287,3 +305,19 @@ def test_derived_id_is_the_rfc4122_uuid5_of_the_reading(
 ) -> None:
     expected = uuid.uuid5(SNAPSHOT_ID_NAMESPACE, f"{worker}\n{thread}\n{version}\n{micros}")
     assert derive_snapshot_id(worker, thread, version, micros) == str(expected)
+
+
+def test_the_compaction_limit_source_and_the_awaiting_flag_are_kept() -> None:
+    snapshot = validate_snapshot(
+        make_input(compaction_limit_source=1, awaiting_reading_after_compaction=True),
+        now=NOW,
+        prefix="snapshot",
+    )
+    assert snapshot.compaction_limit_source is CompactionLimitSource.CONFIGURED
+    assert snapshot.awaiting_reading_after_compaction is True
+    unset = validate_snapshot(make_input(), now=NOW, prefix="snapshot")
+    assert (unset.compaction_limit_source, unset.awaiting_reading_after_compaction) == (None, False)
+
+
+def test_an_unknown_compaction_limit_source_is_rejected_naming_the_field() -> None:
+    assert violations_of(make_input(compaction_limit_source=7)) == ["snapshot.compaction_limit_source"]

@@ -31,6 +31,8 @@ from services.conversations.domain.model import (
     threads_requiring_handoff,
     wrap_up_checklist,
 )
+from services.conversations.domain.validation import check_id
+from services.shared.errors import FieldViolation
 
 T0 = datetime(2026, 3, 25, 1, 0, tzinfo=UTC)
 
@@ -80,7 +82,25 @@ def test_ring_is_shown_for_single_device_and_master_hidden_for_group() -> None:
         "style": "ring_percent",
         "percent": 0,
         "level": "",
+        "awaiting_reading_after_compaction": False,
     }
+
+
+def test_a_ring_whose_thread_awaits_its_first_reading_after_a_compaction_says_so() -> None:
+    waiting = replace(budget(100.0, "safe"), compaction_count=1, awaiting_reading_after_compaction=True)
+    ring = indicator_for(SINGLE_DEVICE, "th-1", waiting)
+    # The seed's four fields stay as they are (100 is the placeholder); the flag says it is not measured.
+    assert ring.as_payload() == {
+        "visible": True,
+        "style": "ring_percent",
+        "percent": 100,
+        "level": "safe",
+        "awaiting_reading_after_compaction": True,
+    }
+    measured = indicator_for(SINGLE_DEVICE, "th-1", replace(waiting, awaiting_reading_after_compaction=False))
+    assert not measured.awaiting_reading_after_compaction
+    assert not ring.shows_the_same_as(measured), "a real reading of 100 % after it changes the ring"
+    assert not indicator_for(GROUP, "th-1", waiting).awaiting_reading_after_compaction
 
 
 def test_newer_reading_wins_by_capture_time_then_version() -> None:
@@ -282,3 +302,21 @@ def test_rings_that_differ_only_in_the_time_of_the_reading_show_the_same() -> No
             not value if isinstance(value, bool) else value + 1 if isinstance(value, int) else f"{value}-x"
         )
         assert not ring.shows_the_same_as(replace(ring, **{field.name: other})), field.name
+
+
+def test_an_id_with_a_c1_control_or_bidirectional_character_is_refused_naming_the_field() -> None:
+    cases = {
+        "node\u202e-a": "must not contain bidirectional formatting characters",
+        "node\u2066a": "must not contain bidirectional formatting characters",
+        "node\x85a": "must not contain control characters",
+        "node\x7fa": "must not contain control characters",
+        "node\x00a": "must not contain control characters",
+        " node-a": "must not have surrounding spaces",
+    }
+    for value, description in cases.items():
+        violations: list[FieldViolation] = []
+        check_id("node_id", value, violations)
+        assert violations == [FieldViolation("node_id", description)], value
+    fine: list[FieldViolation] = []
+    check_id("node_id", "node-a.local", fine)
+    assert fine == []

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from demo_model.codex_home import ENV_KEY, PROVIDER_ID, codex_config_toml, demo_model_environment
+from demo_model.codex_home import (
+    ENV_KEY,
+    PROVIDER_ID,
+    codex_config_toml,
+    demo_model_environment,
+    openai_provider_environment,
+)
 
 
 def test_the_config_names_a_custom_responses_provider_without_retries() -> None:
@@ -58,3 +64,20 @@ def test_non_positive_limits_are_refused(options: dict[str, Any]) -> None:
 def test_the_environment_sets_the_key_variable() -> None:
     assert set(demo_model_environment()) == {ENV_KEY}
     assert demo_model_environment("X_KEY").keys() == {"X_KEY"}
+
+
+def test_the_built_in_provider_is_pointed_at_the_demo_model_for_remote_compaction() -> None:
+    config = tomllib.loads(
+        codex_config_toml(
+            "http://127.0.0.1:9/v1", context_window=32_000, auto_compact_token_limit=20_000, provider="openai"
+        )
+    )
+    assert config["openai_base_url"] == "http://127.0.0.1:9/v1"
+    assert "model_provider" not in config and "model_providers" not in config
+    assert (config["model_context_window"], config["model_auto_compact_token_limit"]) == (32_000, 20_000)
+    assert openai_provider_environment() == {"CODEX_API_KEY": "demo-model-checks-no-key"}
+
+
+def test_an_unknown_provider_is_refused() -> None:
+    with pytest.raises(ValueError, match="provider must be one of demo, openai"):
+        codex_config_toml("http://127.0.0.1:9/v1", provider="azure")

@@ -51,7 +51,7 @@ def test_no_threads_is_refused() -> None:
 
 def test_one_thread_keeps_an_uncommitted_change_and_the_levels_start_apart() -> None:
     assert [plan.name for plan in DEMO_PLANS if plan.uncommitted_change] == ["ios-sync-client"]
-    assert [plan.initial_turns for plan in DEMO_PLANS] == [2, 8, 13]
+    assert [plan.initial_turns for plan in DEMO_PLANS] == [1, 8, 13]  # safe, watch, critical
 
 
 def test_prompts_are_used_in_turn_from_the_creating_one() -> None:
@@ -73,15 +73,16 @@ def test_a_plan_that_cannot_run_is_refused(changes: dict[str, object], message: 
 
 def test_a_thread_is_due_on_every_tick_its_turn_every_divides() -> None:
     every = {plan.name: plan.turn_every for plan in DEMO_PLANS}
-    assert every == {"billing-api": 2, "ios-sync-client": 3, "firmware-flasher": 1}
-    due = {tick: [plan.name for plan in due_on_tick(DEMO_PLANS, tick)] for tick in range(1, 7)}
+    assert every == {"billing-api": 30, "ios-sync-client": 3, "firmware-flasher": 1}
+    due = {tick: [plan.name for plan in due_on_tick(DEMO_PLANS, tick)] for tick in (1, 2, 3, 6, 29, 30, 60)}
     assert due == {
         1: ["firmware-flasher"],
-        2: ["billing-api", "firmware-flasher"],
+        2: ["firmware-flasher"],
         3: ["ios-sync-client", "firmware-flasher"],
-        4: ["billing-api", "firmware-flasher"],
-        5: ["firmware-flasher"],
-        6: ["billing-api", "ios-sync-client", "firmware-flasher"],
+        6: ["ios-sync-client", "firmware-flasher"],
+        29: ["firmware-flasher"],
+        30: ["billing-api", "ios-sync-client", "firmware-flasher"],
+        60: ["billing-api", "ios-sync-client", "firmware-flasher"],
     }
 
 

@@ -49,6 +49,7 @@ GRPC_SERVICES = {
 }
 GATEWAY = "gateway"
 GATEWAY_PORT = 8080
+METRICS_PORT = 9464  # every process's Prometheus listener (services/shared/metrics.py)
 DEPLOYMENTS = {*GRPC_SERVICES, GATEWAY}
 AUTOSCALED = {GATEWAY, "context-budget"}
 APP_GRACE_SECONDS = 10  # the servers' own graceful-stop window after SIGTERM
@@ -255,7 +256,7 @@ def test_grpc_deployments_run_their_module_and_probe_their_health_service(docs: 
     for name, (module, port, health_service, _) in GRPC_SERVICES.items():
         (container,) = containers(named(docs, "Deployment", name))
         assert container["command"] == ["python", "-m", f"services.{module}", "serve"]
-        assert [p["containerPort"] for p in container["ports"]] == [port]
+        assert [p["containerPort"] for p in container["ports"]] == [port, METRICS_PORT]
         readiness, liveness = container["readinessProbe"]["grpc"], container["livenessProbe"]["grpc"]
         assert readiness == {"port": port, "service": health_service}
         assert liveness == {"port": port, "service": ""}
@@ -266,7 +267,7 @@ def test_gateway_runs_its_module_and_probes_its_http_endpoints(docs: list[Manife
     """The gateway is probed over HTTP: /readyz for readiness, /healthz for liveness, on 8080."""
     (container,) = containers(named(docs, "Deployment", GATEWAY))
     assert container["command"] == ["python", "-m", "services.bff_gateway", "serve"]
-    assert [p["containerPort"] for p in container["ports"]] == [GATEWAY_PORT]
+    assert [p["containerPort"] for p in container["ports"]] == [GATEWAY_PORT, METRICS_PORT]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": GATEWAY_PORT}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": GATEWAY_PORT}
 
@@ -440,8 +441,12 @@ def test_network_policies_open_only_the_intended_paths(docs: list[Manifest]) -> 
             if policy["spec"]["podSelector"] and matches_selector(policy["spec"]["podSelector"], labels)
         ]
         assert len(policies) == 1, name_of(deployment)
-        (rule,) = policies[0]["spec"]["ingress"]
+        rule, scrape = policies[0]["spec"]["ingress"]
         assert [p["port"] for p in rule["ports"]] == [port]
+        assert [p["port"] for p in scrape["ports"]] == [METRICS_PORT]
+        assert [peer["namespaceSelector"]["matchLabels"] for peer in scrape["from"]] == [
+            {"kubernetes.io/metadata.name": "monitoring"}
+        ]
         peers = rule["from"]
         assert all("ipBlock" not in peer for peer in peers)
         controller = [peer for peer in peers if "namespaceSelector" in peer]
@@ -455,6 +460,24 @@ def test_network_policies_open_only_the_intended_paths(docs: list[Manifest]) -> 
         else:
             assert any_selects(in_namespace, gateway_peer) and any_selects(in_namespace, grpc_peer)
             assert not any_selects(in_namespace, job_peer)
+
+
+def test_every_process_is_scraped_on_its_metrics_port_apart_from_its_api(docs: list[Manifest]) -> None:
+    """Each Deployment's pods carry Prometheus's scrape annotations for the `metrics` port, and the
+    shared config has every process listen there (the gateway too, so the public Ingress in front
+    of its API port never serves /metrics)."""
+    config = (BASE / "config.env").read_text()
+    for deployment in of_kind(docs, "Deployment"):
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations == {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(METRICS_PORT),
+            "prometheus.io/path": "/metrics",
+        }, name_of(deployment)
+        (container,) = containers(deployment)
+        assert {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"} in container["ports"]
+    for prefix in ("GATEWAY", *(environment for *_, environment in GRPC_SERVICES.values())):
+        assert f"BOSS_{prefix}_METRICS_LISTEN=0.0.0.0:{METRICS_PORT}\n" in config, prefix
 
 
 def test_autoscalers_cover_gateway_and_context_budget(production: list[Manifest]) -> None:
@@ -551,8 +574,9 @@ def test_every_secret_key_read_is_documented_and_provided_locally(renders: dict[
 
 
 def test_dockerfile_builds_the_documented_image() -> None:
-    """Python 3.11 slim, requirements installed, protos generated at build time, code at /app with
-    PYTHONPATH=/app:/app/gen, and a numeric non-root user matching the pods' runAsUser."""
+    """Python 3.11 slim, requirements installed, protos generated at build time, code at /app (the
+    services and boss_common, which they import) with PYTHONPATH=/app:/app/gen, and a numeric
+    non-root user matching the pods' runAsUser."""
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     stages = re.findall(r"^FROM\s+(\S+)", dockerfile, flags=re.MULTILINE)
     assert stages and all(stage == "${PYTHON_IMAGE}" for stage in stages)
@@ -560,6 +584,8 @@ def test_dockerfile_builds_the_documented_image() -> None:
     assert "pip install --requirement requirements.txt" in dockerfile
     assert re.search(r"^RUN (PYTHON=\S+ )?\./scripts/generate_protos\.sh$", dockerfile, flags=re.MULTILINE)
     assert "PYTHONPATH=/app:/app/gen" in dockerfile
+    for package in ("boss_common", "services"):
+        assert re.search(rf"^COPY {package}/ {package}/$", dockerfile, flags=re.MULTILINE)
     assert re.search(r"^WORKDIR /app$", dockerfile, flags=re.MULTILINE)
     users = re.findall(r"^USER\s+(\S+)", dockerfile, flags=re.MULTILINE)
     assert users and users[-1] == f"{IMAGE_USER}:{IMAGE_USER}"

@@ -156,6 +156,18 @@ def test_an_incomplete_request_is_rejected_naming_what_is_missing() -> None:
     assert parse_task_request(request_payload(task_id="x" * 201)) is None
 
 
+def test_a_dispatch_request_without_a_codex_thread_ref_is_a_relay_that_starts_a_new_thread() -> None:
+    relay = parse_task_request(
+        request_payload(task_type="dispatch_execution", dispatch_plan_id="plan-1", codex_thread_ref="")
+    )
+    assert relay is not None and not isinstance(relay, RejectedRequest)
+    assert relay.task_type is TaskType.DISPATCH_EXECUTION
+    assert (relay.codex_thread_ref, relay.codex_folder_ref) == ("", "/Users/dev/repo")
+    assert relay.dispatch_plan_id == "plan-1"
+    reply = parse_task_request(request_payload(codex_thread_ref=""))
+    assert isinstance(reply, RejectedRequest) and reply.detail.endswith("no codex_thread_ref")
+
+
 def test_a_new_task_is_queued_and_says_when_its_device_is_offline() -> None:
     request = parse_task_request(request_payload())
     assert request is not None
@@ -216,18 +228,23 @@ def test_wait_is_from_zero_to_sixty_seconds() -> None:
 
 
 def test_a_refused_fenced_call_says_why() -> None:
-    assert isinstance(refusal(None, "t1", "mac-01", "w1", S.CLAIMED), NotFound)
+    owner = queued_task().owner_id
+    assert isinstance(refusal(None, "t1", "mac-01", "w1", S.CLAIMED, owner), NotFound)
     task = queued_task(status=S.CLAIMED, worker_id="w1")
-    other_node = refusal(task, "task-1", "mac-02", "w1", S.CLAIMED)
+    other_node = refusal(task, "task-1", "mac-02", "w1", S.CLAIMED, owner)
     assert isinstance(other_node, PermissionDenied) and other_node.reason == "NODE_MISMATCH"
-    lost = refusal(task, "task-1", "mac-01", "w1", S.CLAIMED)
+    lost = refusal(task, "task-1", "mac-01", "w1", S.CLAIMED, owner)
     assert isinstance(lost, FailedPrecondition) and lost.reason == "LEASE_LOST"
     assert lost.message == "the lease on task task-1 is no longer valid: another claim holds it now"
-    assert refusal(task, "task-1", "mac-01", "w1", S.RUNNING).message.endswith("it is claimed, not running")
-    other_worker = refusal(task, "task-1", "mac-01", "w2", S.CLAIMED)
+    assert refusal(task, "task-1", "mac-01", "w1", S.RUNNING, owner).message.endswith(
+        "it is claimed, not running"
+    )
+    other_worker = refusal(task, "task-1", "mac-01", "w2", S.CLAIMED, owner)
     assert other_worker.reason == "LEASE_LOST" and other_worker.message.endswith("another worker holds it")
     done = replace(task, status=S.FAILED)
-    assert refusal(done, "task-1", "mac-01", "w1", S.RUNNING).message.endswith("it is failed already")
+    other_owner = refusal(task, "task-1", "mac-01", "w1", S.CLAIMED, "someone-else")
+    assert isinstance(other_owner, NotFound) and other_owner.message == "task task-1 not found"
+    assert refusal(done, "task-1", "mac-01", "w1", S.RUNNING, owner).message.endswith("it is failed already")
 
 
 @pytest.mark.parametrize(

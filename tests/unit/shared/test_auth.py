@@ -15,6 +15,7 @@ from services.shared.auth import (
     SCOPE_SCHEDULER_READ,
     TokenAuthority,
 )
+from services.shared.devices import DeviceRevocations
 from services.shared.errors import PermissionDenied, Unauthenticated
 
 SECRET = "a-test-secret-of-enough-length-for-hs256"
@@ -93,3 +94,42 @@ def test_unknown_kind_and_malformed_headers_are_refused() -> None:
 def test_short_secret_is_rejected() -> None:
     with pytest.raises(ValueError, match="too short"):
         TokenAuthority("short")
+
+
+def test_a_worker_token_acts_for_its_owner_and_an_old_one_for_the_default_owner() -> None:
+    authority = TokenAuthority(SECRET)
+    enrolled = authority.verify(authority.issue_worker("w", "n", owner_id="alice", device_id="dev-1"))
+    assert (enrolled.owner_id, enrolled.device_id, enrolled.owner_scope) == ("alice", "dev-1", "alice")
+    legacy = authority.verify(
+        authority.issue(
+            kind="worker", subject="worker:w", scopes=[SCOPE_CONTEXT_REPORT], worker_id="w", node_id="n"
+        )
+    )
+    assert (legacy.owner_id, legacy.device_id) == ("local", "")
+    assert authority.verify(authority.issue_service("scheduler")).owner_scope is None
+
+
+def test_require_kind_names_the_kinds_a_call_takes() -> None:
+    authority = TokenAuthority(SECRET)
+    client = authority.verify(authority.issue_client("owner-1"))
+    client.require_kind("client", "service")
+    with pytest.raises(PermissionDenied) as refused:
+        client.require_kind("worker")
+    assert refused.value.reason == "TOKEN_KIND_NOT_ALLOWED"
+    assert refused.value.message == "this call takes a worker token, not a client token"
+
+
+def test_a_revoked_devices_token_is_refused_and_other_tokens_are_not() -> None:
+    revocations = DeviceRevocations()
+    authority = TokenAuthority(SECRET, revocations)
+    device_token = authority.issue_worker("w", "n", owner_id="alice", device_id="dev-1")
+    automation_token = authority.issue_worker("w", "n", owner_id="alice")
+    principal = authority.verify(device_token)
+    revocations.revoke(["dev-1"])
+
+    with pytest.raises(Unauthenticated) as refused:
+        authority.verify(device_token)
+    assert refused.value.reason == "DEVICE_REVOKED"
+    with pytest.raises(Unauthenticated):
+        authority.check_not_revoked(principal)  # a principal verified before the revocation too
+    assert authority.verify(automation_token).device_id == ""

@@ -1,4 +1,4 @@
-"""When a followed stream reconnects (services/shared/reconnection.py)."""
+"""When a followed stream reconnects (boss_common/reconnection.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from services.shared.reconnection import HEALTHY_STREAM_SECONDS, Reconnection
+from boss_common.reconnection import HEALTHY_STREAM_SECONDS, Reconnection
 
 
 class Clock:

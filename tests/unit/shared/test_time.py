@@ -1,4 +1,4 @@
-"""Protobuf Timestamp conversions (services/shared/time.py)."""
+"""Protobuf Timestamp conversions (boss_common/time.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from services.shared.time import from_timestamp, isoformat_utc, to_timestamp
+from boss_common.time import from_timestamp, isoformat_utc, to_timestamp
 
 
 @pytest.mark.parametrize(

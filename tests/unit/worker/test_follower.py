@@ -5,7 +5,9 @@ import logging
 from pathlib import Path
 
 import pytest
+import zstandard
 
+from worker.codex_sessions.codex_config import LimitSource
 from worker.codex_sessions.follower import RolloutFollower, discover_rollout_files
 
 THREAD_ID = "0195f0aa-1111-7222-8333-444455556666"
@@ -55,28 +57,65 @@ def follower(codex_home: Path) -> RolloutFollower:
     return RolloutFollower(codex_home, rediscover_interval_s=0)
 
 
-def test_discovery_finds_plain_rollouts_and_skips_compressed(tmp_path: Path) -> None:
+COMPRESSED_NAME = "rollout-2026-02-01T10-00-00-0195f0aa-0000-7222-8333-444455556666.jsonl.zst"
+
+
+def archived_file(codex_home: Path, name: str) -> Path:
+    folder = codex_home / "archived_sessions"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
+
+
+def test_discovery_finds_plain_compressed_and_archived_rollouts(tmp_path: Path) -> None:
     plain = rollout_file(tmp_path)
     plain.write_text("")
-    rollout_file(
-        tmp_path, "rollout-2026-02-01T10-00-00-0195f0aa-0000-7222-8333-444455556666.jsonl.zst"
-    ).write_bytes(b"")
+    compressed = rollout_file(tmp_path, COMPRESSED_NAME)
+    compressed.write_bytes(b"")
+    archived = archived_file(
+        tmp_path, "rollout-2026-01-05T08-00-00-0195f0aa-2222-7222-8333-444455556666.jsonl"
+    )
+    archived.write_text("")
     rollout_file(tmp_path, "notes.jsonl").write_text("")
-    assert discover_rollout_files(tmp_path) == [plain]
+    assert discover_rollout_files(tmp_path) == sorted([plain, compressed, archived])
     assert discover_rollout_files(tmp_path / "missing") == []
 
 
-def test_compressed_rollouts_are_noted_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    rollout_file(
-        tmp_path, "rollout-2026-02-01T10-00-00-0195f0aa-0000-7222-8333-444455556666.jsonl.zst"
-    ).write_bytes(b"")
+def test_a_compressed_copy_of_a_plain_rollout_is_left_to_the_plain_one(tmp_path: Path) -> None:
+    plain = rollout_file(tmp_path)
+    plain.write_text("")
+    rollout_file(tmp_path, plain.name + ".zst").write_bytes(b"")
+    assert discover_rollout_files(tmp_path) == [plain]
+
+
+def test_a_compressed_rollout_is_read_whole_once(tmp_path: Path) -> None:
+    text = meta_line() + token_line(10, 30_000, 30_000) + token_line(20, 41_000, 71_000)
+    path = rollout_file(tmp_path, COMPRESSED_NAME)
+    path.write_bytes(zstandard.ZstdCompressor().compress(text.encode()))
     watcher = follower(tmp_path)
-    with caplog.at_level(logging.INFO, logger="worker.codex_sessions.follower"):
-        watcher.poll()
-        watcher.poll()
-    notes = [record for record in caplog.records if "compressed" in record.getMessage()]
-    assert len(notes) == 1
-    assert watcher.followed_files == []
+    (update,) = watcher.poll()
+    assert update.path == path
+    assert update.codex_thread_id == THREAD_ID
+    assert [r.last_total_tokens for r in update.readings] == [30_000, 41_000]
+    assert watcher.poll() == []
+
+
+def test_an_archived_compressed_rollout_is_read(tmp_path: Path) -> None:
+    text = meta_line() + token_line(10, 52_000, 52_000)
+    archived_file(tmp_path, COMPRESSED_NAME).write_bytes(zstandard.ZstdCompressor().compress(text.encode()))
+    (update,) = follower(tmp_path).poll()
+    assert [r.last_total_tokens for r in update.readings] == [52_000]
+
+
+def test_a_broken_compressed_rollout_is_logged_and_not_read_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rollout_file(tmp_path, COMPRESSED_NAME).write_bytes(b"not zstd at all")
+    watcher = follower(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="worker.codex_sessions.follower"):
+        assert watcher.poll() == []
+        assert watcher.poll() == []
+    warnings = [record for record in caplog.records if "not valid zstd" in record.getMessage()]
+    assert len(warnings) == 1
 
 
 def test_reads_existing_lines_then_only_appended_ones(tmp_path: Path) -> None:
@@ -195,4 +234,51 @@ def test_compactions_are_reported_per_poll(tmp_path: Path) -> None:
     append(path, compacted + event + token_line(30, 40_000, 270_000))
     update = watcher.poll()[0]
     assert update.new_compactions == 1
-    assert [(r.last_total_tokens, r.compaction_count) for r in update.readings] == [(40_000, 1)]
+    # The compaction is reported at once ("compacted, waiting for the first reading"), then the
+    # first real reading after it.
+    assert [
+        (r.last_total_tokens, r.compaction_count, r.awaiting_reading_after_compaction)
+        for r in update.readings
+    ] == [(0, 1, True), (40_000, 1, False)]
+
+
+def test_a_compaction_after_the_last_reading_is_reported_by_the_next_poll(tmp_path: Path) -> None:
+    path = rollout_file(tmp_path)
+    path.write_text(meta_line() + token_line(10, 230_000, 230_000))
+    watcher = follower(tmp_path)
+    watcher.poll()
+    append(path, json.dumps({"timestamp": stamp(20), "type": "compacted", "payload": {"message": ""}}) + "\n")
+    (update,) = watcher.poll()
+    (reading,) = update.readings
+    assert reading.awaiting_reading_after_compaction
+    assert (reading.compaction_count, reading.context_budget_remaining_pct) == (1, 100.0)
+    assert reading.codex_context_left_pct is None
+
+
+def test_the_configuration_of_the_codex_home_decides_l_and_is_read_again_when_edited(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_text("model_auto_compact_token_limit = 200000\n")
+    path = rollout_file(tmp_path)
+    path.write_text(meta_line() + token_line(10, 106_000, 106_000))
+    watcher = follower(tmp_path)
+    (first,) = watcher.poll()[0].readings
+    assert (first.auto_compact_token_limit, first.compaction_limit_source) == (
+        200_000,
+        LimitSource.CONFIGURED,
+    )
+    assert first.context_budget_remaining_pct == 50.0
+    (tmp_path / "config.toml").write_text("model_auto_compact_token_limit = 150000 # lowered\n")
+    append(path, token_line(20, 107_000, 213_000))
+    (second,) = watcher.poll()[0].readings
+    assert second.auto_compact_token_limit == 150_000
+
+
+def test_an_assumed_limit_is_said_once_with_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "config.toml").write_text("model_auto_compact_token_limit = [\n")
+    path = rollout_file(tmp_path)
+    path.write_text(meta_line() + token_line(10, 106_000, 106_000) + token_line(20, 107_000, 213_000))
+    with caplog.at_level(logging.INFO, logger="worker.codex_sessions.follower"):
+        (update,) = follower(tmp_path).poll()
+    assert {reading.compaction_limit_source for reading in update.readings} == {LimitSource.ASSUMED}
+    said = [record for record in caplog.records if "Codex compacts at" in record.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "244800 tokens (assumed:" in said[0].getMessage() and "not valid TOML" in said[0].getMessage()

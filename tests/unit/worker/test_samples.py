@@ -100,7 +100,12 @@ def test_excerpt_compaction_is_counted_once_and_estimate_is_never_a_reading() ->
     assert tracker.last_compaction_at == compacted_at
 
     before = [r for r in readings if r.compaction_count == 0]
-    after = [r for r in readings if r.compaction_count == 1]
+    # The compaction is reported at once, before Codex's next response: nothing measured yet.
+    (awaiting,) = [r for r in readings if r.awaiting_reading_after_compaction]
+    assert (awaiting.compaction_count, awaiting.last_compaction_at) == (1, compacted_at)
+    assert awaiting.captured_at == compacted_at
+    assert (awaiting.last_total_tokens, awaiting.codex_context_left_pct) == (0, None)
+    after = [r for r in readings if r.compaction_count == 1 and not r.awaiting_reading_after_compaction]
     assert before[-1].last_total_tokens == 212_134
     assert before[-1].codex_context_left_pct == 19
     first_after = after[0]

@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from worker.codex_sessions.codex_config import CodexConfiguration, LimitSource, ModelSettings
 from worker.codex_sessions.rollout import (
     AgentMessageRecord,
     CompactedRecord,
@@ -133,11 +134,40 @@ def test_window_falls_back_to_task_started_then_to_codex_default() -> None:
 
 
 def test_configured_limit_lowers_l() -> None:
-    tracker = ThreadBudgetTracker(settings=TrackerSettings(configured_auto_compact_limit=200_000))
+    configuration = CodexConfiguration(ModelSettings(auto_compact_token_limit=200_000))
+    tracker = ThreadBudgetTracker(configuration=configuration)
     reading = tracker.feed(Session().response(1, 106_000))
     assert reading is not None
     assert reading.auto_compact_token_limit == 200_000
+    assert reading.compaction_limit_source is LimitSource.CONFIGURED
     assert reading.context_budget_remaining_pct == 50.0
+
+
+def test_a_configuration_change_applies_to_the_next_reading() -> None:
+    session = Session()
+    tracker = ThreadBudgetTracker()
+    first = tracker.feed(session.response(1, 106_000))
+    tracker.use_configuration(CodexConfiguration(ModelSettings(auto_compact_token_limit=150_000)))
+    second = tracker.feed(session.response(2, 107_000))
+    assert first is not None and second is not None
+    assert (first.auto_compact_token_limit, first.compaction_limit_source) == (L, LimitSource.MODEL_DEFAULT)
+    assert (second.auto_compact_token_limit, second.compaction_limit_source) == (
+        150_000,
+        LimitSource.CONFIGURED,
+    )
+
+
+def test_an_unreadable_configuration_is_reported_as_assumed() -> None:
+    configuration = CodexConfiguration(settings=None, problem="config.toml is not valid TOML")
+    reading = ThreadBudgetTracker(configuration=configuration).feed(Session().response(1, 106_000))
+    assert reading is not None
+    assert (reading.auto_compact_token_limit, reading.compaction_limit_source) == (L, LimitSource.ASSUMED)
+    assert "not valid TOML" in reading.compaction_limit_reason
+
+
+def test_all_zero_usage_is_no_reading() -> None:
+    empty = TokenUsage(0, 0, 0, 0, 0)
+    assert ThreadBudgetTracker().feed(TokenCountRecord(at(1), empty, empty, W)) is None
 
 
 def test_compaction_sequence_counts_once_and_skips_estimates() -> None:
@@ -155,8 +185,14 @@ def test_compaction_sequence_counts_once_and_skips_estimates() -> None:
             session.response(2.2, 48_687),
         ]
     )
-    assert totals(readings) == [212_134, 48_687]
+    assert totals(readings) == [212_134, 0, 48_687]
+    awaiting = readings[1]
+    assert awaiting.awaiting_reading_after_compaction
+    assert (awaiting.compaction_count, awaiting.last_compaction_at) == (1, at(2.01))
+    assert (awaiting.context_budget_remaining_pct, awaiting.codex_context_left_pct) == (100.0, None)
+    assert awaiting.reading_sequence == 2
     after = readings[-1]
+    assert not after.awaiting_reading_after_compaction
     assert after.compaction_count == 1
     assert after.last_compaction_at == at(2.01)
     assert after.codex_context_left_pct == 85

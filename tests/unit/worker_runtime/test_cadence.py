@@ -47,6 +47,14 @@ def test_compaction_count_change_is_significant() -> None:
     assert significant_change(snapshot(70.0), snapshot(70.0, compactions=1)) == "compaction count 0 -> 1"
 
 
+def test_the_first_reading_after_a_compaction_is_significant_however_close_to_the_placeholder() -> None:
+    waiting = snapshot(100.0, compactions=1)
+    waiting.awaiting_reading_after_compaction = True
+    reading = snapshot(98.8, compactions=1)  # Codex's first answer after the compaction
+    assert significant_change(waiting, reading) == "first reading after the compaction"
+    assert significant_change(reading, snapshot(98.0, compactions=1)) is None  # then as usual
+
+
 def test_must_finish_flip_is_significant_both_ways() -> None:
     assert significant_change(snapshot(), snapshot(must_finish=True)) == "must finish before compaction set"
     assert (

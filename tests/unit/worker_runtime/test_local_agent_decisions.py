@@ -104,6 +104,7 @@ def test_retry_delays_double_from_a_fifth_of_a_second_up_to_five_seconds() -> No
     [
         (grpc.StatusCode.UNAVAILABLE, CallVerdict.TRANSIENT),
         (grpc.StatusCode.DEADLINE_EXCEEDED, CallVerdict.TRANSIENT),
+        (grpc.StatusCode.CANCELLED, CallVerdict.TRANSIENT),  # a stopping server cancels unhandled calls
         (grpc.StatusCode.FAILED_PRECONDITION, CallVerdict.LEASE_LOST),
         (grpc.StatusCode.NOT_FOUND, CallVerdict.LEASE_LOST),
         (grpc.StatusCode.PERMISSION_DENIED, CallVerdict.LEASE_LOST),

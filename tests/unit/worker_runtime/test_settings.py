@@ -1,4 +1,5 @@
-"""Worker settings: Codex home checks, identity defaults and where the token comes from."""
+"""Worker settings: Codex home checks, identity defaults and where the token comes from (never
+signed by the worker: `make run` gives its worker one, a node enrolls)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from services.local_stack import WORKER_TOKEN_LIFETIME, worker_environment
 from services.shared.auth import TokenAuthority
 from worker.__main__ import main
+from worker.enrollment import Credential, write_credential
 from worker.settings import (
     SettingsError,
     check_codex_home,
@@ -15,7 +18,6 @@ from worker.settings import (
     hostname,
     resolve_token,
     settings_from_arguments,
-    token_provider,
 )
 
 SECRET = "a-test-secret-of-at-least-32-characters"
@@ -52,31 +54,22 @@ def test_once_needs_at_least_one_rollout_file(tmp_path: Path) -> None:
     check_codex_home(tmp_path / "other", require_sessions=True)
 
 
-def test_explicit_token_wins_then_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BOSS_AUTH_SECRET", SECRET)
-
-    assert resolve_token("explicit", "w", "n", {"BOSS_WORKER_TOKEN": "from-env"}) == "explicit"
-    assert resolve_token(None, "w", "n", {"BOSS_WORKER_TOKEN": "from-env"}) == "from-env"
+def test_explicit_token_wins_then_environment() -> None:
+    assert resolve_token("explicit", {"BOSS_WORKER_TOKEN": "from-env"}) == "explicit"
+    assert resolve_token(None, {"BOSS_WORKER_TOKEN": "from-env"}) == "from-env"
 
 
-def test_token_is_minted_from_the_local_secret_and_bound_to_the_worker(
-    monkeypatch: pytest.MonkeyPatch,
+def test_the_worker_signs_no_token_even_beside_the_auth_secret(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("BOSS_AUTH_SECRET", SECRET)
-
-    token = resolve_token(None, "worker-mac", "mac", {})
-
-    principal = TokenAuthority(SECRET).verify(token)
-    assert (principal.kind, principal.worker_id, principal.node_id) == ("worker", "worker-mac", "mac")
-
-
-def test_no_token_and_no_secret_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("BOSS_AUTH_SECRET", raising=False)
     monkeypatch.setenv("BOSS_DATA_DIR", str(tmp_path / "data"))
 
-    with pytest.raises(SettingsError, match="no worker token: pass --token or set BOSS_WORKER_TOKEN"):
-        resolve_token(None, "w", "n", {})
-    assert not (tmp_path / "data" / "auth-secret").exists()
+    with pytest.raises(
+        SettingsError, match=r"no worker token: enroll this node .*\(boss-worker enroll CODE\)"
+    ):
+        resolve_token(None, {})
+    assert not (tmp_path / "data").exists()
 
 
 def test_defaults_name_the_worker_after_the_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -125,25 +118,39 @@ def test_cli_reports_a_missing_codex_home_in_one_line(
     )
 
 
-def test_a_minted_token_is_renewed_at_each_connect(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_run_without_a_token_or_credential_exits_2_saying_how_to_enroll(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("BOSS_AUTH_SECRET", SECRET)
     monkeypatch.delenv("BOSS_WORKER_TOKEN", raising=False)
-    common = {
-        "codex_home": codex_home_with_session(tmp_path),
-        "worker_id": "worker-mac",
-        "node_id": "mac",
-        "context_budget_address": "127.0.0.1:1",
-        "poll_interval_s": 1.0,
-        "once": False,
-    }
+    monkeypatch.setenv("BOSS_WORKER_CREDENTIAL", str(tmp_path / "no-credential.json"))
 
-    minted = settings_from_arguments(token=None, **common)  # type: ignore[arg-type]
-    given = settings_from_arguments(token="given", **common)  # type: ignore[arg-type]
+    code = main(["run", "--codex-home", str(codex_home_with_session(tmp_path / "codex"))])
 
-    assert minted.token_minted is True and given.token_minted is False
-    renew = token_provider(minted)
-    first, second = renew(), renew()
-    assert first != second
-    assert TokenAuthority(SECRET).verify(second).worker_id == "worker-mac"
-    assert token_provider(given)() == "given"
-    assert "given" not in repr(given)
+    assert code == 2
+    assert capsys.readouterr().err.startswith("worker: no worker token: enroll this node")
+
+
+def test_make_runs_worker_gets_a_token_for_this_machine_unless_it_has_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("BOSS_DEFAULT_OWNER_ID", raising=False)
+    authority = TokenAuthority(SECRET)
+    environment = {"BOSS_DATA_DIR": str(tmp_path)}
+
+    given = worker_environment(authority, environment)
+
+    principal = authority.verify(given["BOSS_WORKER_TOKEN"])
+    assert (principal.kind, principal.worker_id, principal.node_id, principal.owner_id) == (
+        "worker",
+        f"worker-{hostname()}",
+        hostname(),
+        "local",
+    )
+    assert WORKER_TOKEN_LIFETIME.days == 365
+    assert environment == {"BOSS_DATA_DIR": str(tmp_path)}
+    with_token = {**environment, "BOSS_WORKER_TOKEN": "mine"}
+    assert worker_environment(authority, with_token) == with_token
+    credential = Credential("enrolled", "device-1", "local", "n", "w", "2027-01-01T00:00:00Z")
+    write_credential(tmp_path / "worker-credential.json", credential)
+    assert worker_environment(authority, environment) == environment

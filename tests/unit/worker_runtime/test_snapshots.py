@@ -11,6 +11,7 @@ from boss.context_budget.v1 import context_budget_pb2
 
 from services.shared.time import from_timestamp
 from worker.codex_sessions.budget import auto_compact_token_limit, context_budget_remaining_percent
+from worker.codex_sessions.codex_config import LimitSource
 from worker.codex_sessions.git_state import ChangedFile, DiffStat, GitState
 from worker.codex_sessions.tracker import LastActivity, RecordedTestRun, ThreadBudgetReading, ToolRun
 from worker.snapshots import (
@@ -25,6 +26,7 @@ from worker.snapshots import (
     level_for_percent,
     must_finish_before_compaction,
     same_reported_state,
+    significant_change,
     snapshot_id_for,
     uncommitted_changes_reason,
     without_stale_prediction,
@@ -330,3 +332,41 @@ def test_a_prediction_already_in_the_past_is_dropped_not_reported() -> None:
     assert expected is not None
     assert without_stale_prediction(stale, expected - timedelta(seconds=1)) is stale
     assert without_stale_prediction(stale, expected + timedelta(seconds=1)).compaction_expected_at is None
+
+
+def test_the_snapshot_says_where_l_came_from() -> None:
+    for source, number in (
+        (LimitSource.CONFIGURED, context_budget_pb2.COMPACTION_LIMIT_SOURCE_CONFIGURED),
+        (LimitSource.MODEL_DEFAULT, context_budget_pb2.COMPACTION_LIMIT_SOURCE_MODEL_DEFAULT),
+        (LimitSource.ASSUMED, context_budget_pb2.COMPACTION_LIMIT_SOURCE_ASSUMED),
+    ):
+        snapshot = build_snapshot(
+            reading(compaction_limit_source=source), thread_id=THREAD, worker_id="w", node_id="n"
+        )
+        assert snapshot.compaction_limit_source == number
+
+
+def test_a_compaction_awaiting_its_first_reading_is_reported_as_such() -> None:
+    awaiting = reading(
+        last_total_tokens=0,
+        codex_context_left_pct=None,
+        context_budget_remaining_pct=100.0,
+        compaction_count=2,
+        last_compaction_at=CAPTURED,
+        estimated_remaining_turns=None,
+        estimated_remaining_large_messages=None,
+        compaction_expected_at=None,
+        awaiting_reading_after_compaction=True,
+    )
+    before = build_snapshot(
+        reading(context_budget_remaining_pct=12.0), thread_id=THREAD, worker_id="w", node_id="n"
+    )
+    snapshot = build_snapshot(awaiting, thread_id=THREAD, worker_id="w", node_id="n")
+    assert snapshot.awaiting_reading_after_compaction
+    assert not snapshot.HasField("codex_context_left_pct")
+    assert (snapshot.last_total_tokens, snapshot.context_budget_remaining_pct) == (0, 100.0)
+    assert snapshot.context_budget_level == SAFE
+    assert from_timestamp(snapshot.last_compaction_at) == CAPTURED
+    assert not snapshot.HasField("compaction_expected_at")
+    # It is sent at once: its compaction count (and level) changed.
+    assert significant_change(before, snapshot) is not None

@@ -1,6 +1,7 @@
 """Reconnecting a followed gRPC stream: when to try again, and whether the attempt that ended was
 healthy (so that a server's routine connection recycling is logged as information, not as a fault).
-Used by the services' event consumers, the gateway's event hub and the worker's command listener."""
+Used by the services' event consumers, the gateway's event hub and the scheduler's wake-ups, and by
+the worker's command listener and local agent."""
 
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ class Reconnection:
     attempt ended `ended()` (logs the end and returns the delay) or `next_delay()` (the delay
     alone; it also sets `was_healthy`)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, max_delay: float = 10.0) -> None:
+        """`max_delay`: the longest delay before jitter, seconds (default 10)."""
         self._clock = clock
+        self._max_delay = max_delay
         self._failures = 0
         self._started = clock()
         self._delivered = False
@@ -43,7 +46,7 @@ class Reconnection:
         """Seconds to wait before the next attempt, the current one having ended."""
         self.was_healthy = self._delivered or self._clock() - self._started >= HEALTHY_STREAM_SECONDS
         self._failures = 0 if self.was_healthy else self._failures + 1
-        base = min(0.2 * 2 ** max(0, self._failures - 1), 10.0)
+        base = min(0.2 * 2 ** max(0, self._failures - 1), self._max_delay)
         return base * (0.5 + random.random())
 
     def ended(self, log: logging.Logger, stream: str, reason: object) -> float:
