@@ -257,6 +257,13 @@ function budgetWords(remainingPct, level) {
   return `${Math.floor(percent)}% left` + (level ? ` · ${level}` : "");
 }
 
+// What a plan card shows in a target's budget place: a relay is a new Codex thread (its host's
+// budget is not its own), a member its budget as proposed.
+function targetBudgetWords(target) {
+  if (target.kind === "relay") return "new thread";
+  return budgetWords(target.remainingPct, target.level);
+}
+
 // The dispatch_execution task of a dispatched target: as the chat knows it (`tasks`, a Map
 // taskId -> task from taskOf) or, when unknown, as the plan says (`taskStatus`, queued when not
 // said); a plan that knows the task ended wins over a task update that has not arrived yet.

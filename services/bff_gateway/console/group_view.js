@@ -180,12 +180,12 @@ function planCard(chat, plan) {
 
 function targetItem(chat, plan, target, drops, changeable) {
   const view = targetView(target, plan, chat.tasks, drops.has(target.targetId));
-  const title = target.kind === "relay" ? `${target.threadTitle} (a new relay thread)` : target.threadTitle || target.threadId;
+  const title = target.threadTitle || target.threadId;
   const item = el("li", { class: "target", "data-target-id": target.targetId, "data-thread-id": target.threadId,
-    "data-state": view.state, "data-status": target.status, "data-task-id": target.taskId || null,
+    "data-kind": target.kind, "data-state": view.state, "data-status": target.status, "data-task-id": target.taskId || null,
     "data-task-status": view.status || null },
   el("div", { class: "target-head" }, el("span", { class: "title" }, title),
-    el("span", { class: "budget" }, budgetWords(target.remainingPct, target.level))),
+    el("span", { class: target.kind === "relay" ? "budget new-thread" : "budget" }, targetBudgetWords(target))),
   el("div", { class: "reason" }, withTimes(target.reason)),
   el("div", { class: "instruction" }, target.instruction),
   el("div", { class: "target-state" }, el("span", { class: "label" }, view.label),

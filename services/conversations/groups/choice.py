@@ -28,12 +28,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from services.conversations.domain.model import HANDOFF_READY, HANDOFF_REQUIRED, ThreadBudget
+from services.conversations.domain.model import (
+    HANDOFF_READY,
+    HANDOFF_REQUIRED,
+    MAX_TITLE_LENGTH,
+    ThreadBudget,
+)
 from services.shared.time import isoformat_utc
 
 MEMBER = "member"
 RELAY = "relay"
 TARGET_KINDS = (MEMBER, RELAY)
+RELAY_TITLE_SUFFIX = " (relay)"
 
 DEFAULT_MAX_TARGETS = 10
 DEFAULT_IDLE_AFTER = timedelta(minutes=5)
@@ -129,8 +135,9 @@ class ChoiceSettings:
 class ChosenTarget:
     """A thread that gets the message: a member, or a new relay thread (`kind` "relay": thread_id
     and codex_thread_ref "", started in `codex_folder_ref` on `device_id`, next to the member
-    `relay_of_thread_id`). `reason` says why, in words; the budget is the member's (a relay's is
-    its host's, for the record: a new thread starts with a full budget)."""
+    `relay_of_thread_id`, titled `relay_title` of the host's). `reason` says why, in words; the
+    budget is the member's (percent 0-100); a relay has none (None, ""): it is a new thread, whose
+    budget is reported once it ran, never its host's."""
 
     kind: str
     thread_id: str
@@ -264,8 +271,8 @@ def relay_target(
 ) -> ChosenTarget | None:
     """A new Codex thread next to a member, when no member is fit: the host is a member that is not
     archived, whose device and folder are known and whose device is not offline; devices known to
-    be online first, then the host with the most budget left, then by title. None when there is no
-    such member."""
+    be online first, then the host with the most budget left, then by title. The relay is titled
+    after its host (`relay_title`) and carries no budget. None when there is no such member."""
     hosts: list[tuple[tuple[int, float, str, str], MemberThread]] = []
     for member in members:
         if member.archived or not member.node_id or not member.codex_folder:
@@ -283,18 +290,24 @@ def relay_target(
     return ChosenTarget(
         kind=RELAY,
         thread_id="",
-        title=f"new thread in {host.title}'s folder",
+        title=relay_title(host.title),
         device_id=host.node_id,
         codex_folder_ref=host.codex_folder,
         codex_thread_ref="",
         reason=(
-            f"no member can take new work ({why}), so a new Codex thread starts in "
-            f"{host.codex_folder} on {host.node_id}{presence_note}, the folder of {host.title}"
+            f"new Codex thread in {host.codex_folder} on {host.node_id}{presence_note}, the folder of "
+            f"{host.title}: no member can take new work ({why})"
         ),
-        remaining_pct=host.budget.remaining_pct if host.budget is not None else None,
-        level=host.budget.level if host.budget is not None else "",
         relay_of_thread_id=host.thread_id,
     )
+
+
+def relay_title(host_title: str) -> str:
+    """The title of a relay thread started next to the member titled `host_title`: "<host title>
+    (relay)", the host's title shortened (with "…") so the whole fits MAX_TITLE_LENGTH."""
+    room = MAX_TITLE_LENGTH - len(RELAY_TITLE_SUFFIX)
+    shown = host_title if len(host_title) <= room else host_title[: room - 1].rstrip() + "…"
+    return shown + RELAY_TITLE_SUFFIX
 
 
 def _member_target(

@@ -145,9 +145,11 @@ async def test_a_new_relay_thread_takes_the_message_when_no_member_is_fit(stack:
     assert (relay.kind, relay.codex_thread_ref, relay.relay_of_thread_id) == ("relay", "", "th-tight")
     assert relay.thread_id == f"relay-{plan.plan_id.removeprefix('plan-')}-t1"
     assert relay.codex_folder_ref == "/home/dev/th-tight" and relay.device_id == "node-a"
-    assert relay.reason.startswith(
-        "no member can take new work (1 critical, 1 urgent), so a new Codex thread"
+    assert relay.reason == (
+        "new Codex thread in /home/dev/th-tight on node-a (device presence unknown), the folder of tight: "
+        "no member can take new work (1 critical, 1 urgent)"
     )
+    assert (relay.thread_title, relay.budget_reported, relay.level) == ("tight (relay)", False, "")
     confirmed = await confirm(stack, plan.plan_id)
     requested = [p for _s, kind, p in await events_of(stack) if kind == "task.requested"]
     assert [(r["target_thread_id"], r["codex_thread_ref"], r["codex_folder_ref"]) for r in requested] == [

@@ -278,6 +278,20 @@ def test_budgets_read_as_their_rings_do(tmp_path: Path) -> None:
     ]
 
 
+def test_a_relay_target_reads_as_a_new_thread_not_as_its_hosts_budget(tmp_path: Path) -> None:
+    relay = target("t1", "tight (relay)", None, "", kind="relay", relayOfThreadId="th-tight")
+    host_budget = target("t1", "tight (relay)", 14.0, "urgent", kind="relay")
+    member = target("t2", "north", 82.4, "safe")
+
+    result = run_console(
+        tmp_path,
+        f"""[{json.dumps(relay)}, {json.dumps(host_budget)}, {json.dumps(member)}]
+            .map((t) => targetBudgetWords(t))""",
+    )
+
+    assert result == ["new thread", "new thread", "82% left · safe"]
+
+
 def test_a_plan_never_moves_back(tmp_path: Path) -> None:
     confirmed = plan("confirmed", updatedAt="2026-03-25T08:00:00Z")
     pending = plan("confirmed", summaryStatus="pending", updatedAt="2026-03-25T08:01:00Z")

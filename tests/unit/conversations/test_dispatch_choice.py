@@ -208,10 +208,12 @@ def test_a_new_relay_thread_takes_the_message_when_no_member_is_fit() -> None:
         "th-urgent",
     )
     assert relay.reason == (
-        "no member can take new work (1 critical, 1 urgent, 1 on an offline device, 1 archived), so a new "
-        "Codex thread starts in /Users/dev/south-line on mac-02, the folder of urgent"
+        "new Codex thread in /Users/dev/south-line on mac-02, the folder of urgent: no member can take new "
+        "work (1 critical, 1 urgent, 1 on an offline device, 1 archived)"
     )
-    assert relay.title == "new thread in urgent's folder"
+    # Titled after its host, but a new thread: no budget of its own yet, never the host's.
+    assert relay.title == "urgent (relay)"
+    assert (relay.remaining_pct, relay.level) == (None, "")
     assert len(choice.left_out) == 4 and choice.no_target_reason == ""
 
 
