@@ -235,6 +235,7 @@ def build_app(
         dispatch,
         model=master_model if settings.backend == OPENAI_API else None,
         presence=device_presence,
+        relay_intake=handlers.take_in_relay_thread,
     )
     handlers.chat.groups = groups
     consumers: list[EventConsumer] = []

@@ -31,7 +31,7 @@ import json
 import logging
 import secrets
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -90,6 +90,7 @@ from services.conversations.domain.validation import (
     check_title,
     raise_if_any,
 )
+from services.conversations.groups.relay import RelayThread, TakenIn
 from services.conversations.master.installation import ensure_master_project
 from services.conversations.master.repository import SqlAlchemyMasterRepository
 from services.shared.db import Database
@@ -479,6 +480,114 @@ class ConversationsHandlers:
         updated = await repository.project(master["project_id"])
         assert updated is not None
         return [indicator_event(updated, indicator)] if indicator.visible or previous else []
+
+    async def take_in_relay_thread(
+        self, connection: AsyncConnection, relay: RelayThread, now: datetime
+    ) -> TakenIn | None:
+        """A group's relay thread taken in as a real thread (groups/relay.py), in the caller's
+        transaction: the thread (id = its Codex session id) registered for the group's owner on
+        the device that ran it, titled `relay.title`, with its own single_device conversation and
+        as a member of the group. Returns its ids and the events to append (`thread.registered`,
+        `conversation.updated` created or renamed); None, changing nothing, when the session is a
+        thread of another owner or device.
+
+        Idempotent and safe against the device's worker registering the same session: the thread,
+        its project and each membership are inserted in a savepoint each, and a conflict (the
+        worker's RegisterThread, or an earlier intake, committed the row) reads the stored row
+        instead. A thread the worker registered first keeps what it registered, but takes the
+        relay's title while its title is the default one (its folder's name)."""
+        repository = SqlAlchemyConversationsRepository(connection)
+        owner = relay.owner_id
+        events: list[NewEvent] = []
+        inserted = await _inserted(
+            connection,
+            repository.insert_thread(
+                {
+                    "thread_id": relay.thread_id,
+                    "owner_id": owner,
+                    "node_id": relay.node_id,
+                    "worker_id": relay.worker_id,
+                    "codex_folder": relay.codex_folder,
+                    "codex_thread_ref": relay.thread_id,
+                    "title": relay.title,
+                    "single_device_project_id": single_device_project_id(owner, relay.thread_id),
+                    "registered_at": now,
+                }
+            ),
+        )
+        thread = await repository.thread(relay.thread_id)
+        assert thread is not None
+        if thread["owner_id"] != owner or thread["node_id"] != relay.node_id:
+            log.error(
+                "relay thread %s of group %s is registered for another owner or device; not taken in",
+                relay.thread_id,
+                relay.group_project_id,
+            )
+            return None
+        project_id = thread["single_device_project_id"] or single_device_project_id(owner, relay.thread_id)
+        renamed_from = ""
+        if not inserted:
+            changes: dict[str, Any] = {}
+            if thread["title"] == default_title(relay.thread_id, thread["codex_folder"]):
+                changes["title"] = relay.title
+                renamed_from = thread["title"]
+            for column, value in (
+                ("codex_thread_ref", relay.thread_id),
+                ("codex_folder", relay.codex_folder),
+                ("worker_id", relay.worker_id),
+                ("single_device_project_id", project_id),
+            ):
+                if not thread[column] and value:
+                    changes[column] = value
+            if changes:
+                await repository.update_thread(relay.thread_id, changes)
+        project = await repository.project(project_id)
+        if project is None and await _inserted(
+            connection,
+            repository.insert_project(
+                {
+                    "project_id": project_id,
+                    "owner_id": owner,
+                    "conversation_type": SINGLE_DEVICE,
+                    "title": relay.title,
+                    "sort_at": now,
+                    "created_at": now,
+                    "updated_at": now,
+                    "indicator_thread_id": relay.thread_id,
+                }
+            ),
+        ):
+            created = await repository.project(project_id)
+            assert created is not None
+            events.append(_conversation_event(created, "created"))
+        elif project is not None and renamed_from and project["title"] == renamed_from:
+            await repository.update_project(project_id, {"title": relay.title, "updated_at": now})
+            renamed = await repository.project(project_id)
+            assert renamed is not None
+            events.append(_conversation_event(renamed, "renamed"))
+        for member_of in (project_id, relay.group_project_id):
+            await _inserted(connection, repository.add_member(member_of, relay.thread_id, now))
+        if inserted:
+            await ensure_master_project(repository, owner, now)
+            events.append(
+                NewEvent(
+                    THREAD_REGISTERED,
+                    {
+                        "owner_id": owner,
+                        "thread_id": relay.thread_id,
+                        "project_id": project_id,
+                        "node_id": relay.node_id,
+                        "worker_id": relay.worker_id,
+                        "codex_folder": relay.codex_folder,
+                        "codex_thread_ref": relay.thread_id,
+                        "title": relay.title,
+                    },
+                    thread_id=relay.thread_id,
+                    project_id=project_id,
+                    node_id=relay.node_id,
+                )
+            )
+        return TakenIn(relay.thread_id, project_id, events)
 
     async def move_thread(self, owner: str, thread_id: str, node_id: str, worker_id: str) -> tuple[Row, bool]:
         """Moves the owner's thread to another of the owner's devices (MoveThread; the owner's
@@ -1104,6 +1213,17 @@ class ConversationsHandlers:
 
 PROJECTION_LOCK_KEY = 6_268_001  # any fixed 64-bit number no other lock of this database uses
 """The PostgreSQL advisory lock both upstream consumers take first (`lock_projection`)."""
+
+
+async def _inserted(connection: AsyncConnection, insertion: Awaitable[None]) -> bool:
+    """Runs `insertion` in a savepoint: True when it inserted, False when a row with its key was
+    there (committed by another writer; the savepoint is rolled back, the transaction goes on)."""
+    try:
+        async with connection.begin_nested():
+            await insertion
+    except IntegrityError:
+        return False
+    return True
 
 
 async def lock_projection(connection: AsyncConnection) -> None:

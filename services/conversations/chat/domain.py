@@ -283,7 +283,9 @@ def task_request_payload(task: ChatTask, instruction_text: str) -> dict[str, Any
 @dataclass(frozen=True)
 class StatusReport:
     """One `task.status_changed` event of the scheduler (its Task message as JSON), the fields this
-    service reads. Times are aware UTC datetimes, None when the payload has null."""
+    service reads. Times are aware UTC datetimes, None when the payload has null.
+    `codex_session_id` is the Codex session the run reported ("" when none: a group's relay task
+    reports the new thread's so), `worker_id` the worker that ran it ("" before a claim)."""
 
     task_id: str
     owner_id: str
@@ -296,6 +298,8 @@ class StatusReport:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     updated_at: datetime | None = None
+    codex_session_id: str = ""
+    worker_id: str = ""
 
 
 def _instant(payload: Mapping[str, Any], name: str) -> datetime | None:
@@ -344,6 +348,8 @@ def parse_status_report(payload: Mapping[str, Any]) -> StatusReport:
         started_at=_instant(payload, "started_at"),
         finished_at=_instant(payload, "finished_at"),
         updated_at=_instant(payload, "updated_at"),
+        codex_session_id=_storable_text(payload, "codex_session_id"),
+        worker_id=_storable_text(payload, "worker_id"),
     )
 
 

@@ -69,6 +69,7 @@ from services.conversations.groups.plans import (
 )
 from services.conversations.groups.presence import DevicePresenceSource
 from services.conversations.groups.progress import DispatchProgress
+from services.conversations.groups.relay import RelayIntake
 from services.conversations.groups.repository import SqlAlchemyDispatchPlanRepository
 from services.conversations.groups.settings import DispatchSettings
 from services.conversations.groups.summary import (
@@ -172,6 +173,8 @@ class GroupHandlers:
             plain summary.
         presence: where devices' presence comes from; None: unknown (no device counts as offline).
         clock: the current time (UTC).
+        relay_intake: takes a relay target's new Codex thread in once its task reported it
+            (ConversationsHandlers.take_in_relay_thread; groups/relay.py).
     """
 
     def __init__(
@@ -182,6 +185,7 @@ class GroupHandlers:
         model: MasterModel | None = None,
         presence: DevicePresenceSource | None = None,
         clock: Callable[[], datetime] = utc_now,
+        relay_intake: RelayIntake | None = None,
     ) -> None:
         self.database = database
         self.event_log = event_log
@@ -189,7 +193,7 @@ class GroupHandlers:
         self.model = model
         self.presence = presence
         self._clock = clock
-        self.progress = DispatchProgress(database, event_log, self.settings, model, clock)
+        self.progress = DispatchProgress(database, event_log, self.settings, model, clock, relay_intake)
 
     # --- sending --------------------------------------------------------------------------------
 

@@ -20,10 +20,12 @@ from services.conversations.chat.repository import SqlAlchemyChatRepository
 from services.conversations.groups.plans import (
     SUMMARY_PENDING,
     DispatchPlan,
+    DispatchTarget,
     apply_task_status,
     expire,
     summarised,
 )
+from services.conversations.groups.relay import RelayIntake, TakenIn, relay_thread_of, with_relay_taken_in
 from services.conversations.groups.repository import SqlAlchemyDispatchPlanRepository
 from services.conversations.groups.settings import DispatchSettings
 from services.conversations.groups.summary import (
@@ -58,6 +60,8 @@ class DispatchProgress:
         settings: the model timeout.
         model: the master model for summaries; None: a plain summary.
         clock: the current time (UTC).
+        relay_intake: takes a relay target's new Codex thread in (groups/relay.py); None: relay
+            threads stay outside the system (their results still reach the group).
     """
 
     def __init__(
@@ -67,12 +71,14 @@ class DispatchProgress:
         settings: DispatchSettings,
         model: MasterModel | None,
         clock: Callable[[], datetime] = utc_now,
+        relay_intake: RelayIntake | None = None,
     ) -> None:
         self.database = database
         self.event_log = event_log
         self.settings = settings
         self.model = model
         self._clock = clock
+        self.relay_intake = relay_intake
 
     # --- dispatch tasks' status reports (inside the scheduler consumer's transaction) -------------
 
@@ -87,13 +93,29 @@ class DispatchProgress:
         `apply_status_report` made it): on its first terminal status the message that ends it goes
         into the group, named by its thread (`dispatch_result_message`); the task row is saved; its
         target's progress is saved and, when it was the plan's last task to end, the summary becomes
-        pending. Returns `conversation.message.created` (when terminal), `task.updated` with the
-        group's gate, and `dispatch_plan.updated` when the plan moved."""
+        pending. A relay target whose report names the new Codex session is first taken in as a real
+        thread (`relay_intake`: registered, in the home list, a member of the group), the target
+        and task pointed at it, and its own conversation given the instruction and the answer.
+        Returns `conversation.message.created` (when terminal), the intake's events, `task.updated`
+        with the group's gate, and `dispatch_plan.updated` when the plan moved."""
         plans = SqlAlchemyDispatchPlanRepository(connection)
         plan = await plans.plan_of_task(changed.task_id)
         target = plan.target_of_task(changed.task_id) if plan is not None else None
         now = self._clock()
         published: list[NewEvent] = []
+        if is_terminal(changed.status) and plan is not None and target is not None:
+            relay = relay_thread_of(plan, target, report)
+            taken = await self.relay_intake(connection, relay, now) if relay and self.relay_intake else None
+            if taken is not None:
+                plan = with_relay_taken_in(plan, target.target_id, taken.thread_id)
+                target = plan.target(target.target_id)
+                assert target is not None
+                await plans.take_in_relay(plan.plan_id, target)
+                changed = replace(
+                    changed, target_thread_id=target.thread_id, codex_thread_ref=target.codex_thread_ref
+                )
+                published += taken.events
+                published += await self._relay_conversation(connection, taken, target, changed, report, now)
         if is_terminal(changed.status):
             if project is None:
                 log.error(
@@ -126,6 +148,33 @@ class DispatchProgress:
         if progressed is not None:
             published.append(plan_event(progressed, "progressed", gate, now))
         return published
+
+    async def _relay_conversation(
+        self,
+        connection: AsyncConnection,
+        taken: TakenIn,
+        target: DispatchTarget,
+        changed: ChatTask,
+        report: StatusReport,
+        now: datetime,
+    ) -> list[NewEvent]:
+        """Writes into a relay thread's own conversation the instruction it was given (by the
+        master agent) and the message that ended its task; returns their events."""
+        project = await project_row(connection, taken.project_id)
+        _asked, asked = await write_message(
+            connection, project, author_kind=MASTER_AUTHOR, thread_id="", text=target.instruction, now=now
+        )
+        result = dispatch_result_message(changed, report, target.thread_title)
+        _answer, answered = await write_message(
+            connection,
+            project,
+            author_kind=result.author_kind,
+            thread_id=result.thread_id,
+            text=result.text,
+            now=now,
+            task_id=changed.task_id,
+        )
+        return [asked, answered]
 
     # --- the summary and expiry (background) ------------------------------------------------------
 

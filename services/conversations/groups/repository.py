@@ -184,6 +184,22 @@ class SqlAlchemyDispatchPlanRepository:
                 .values({name: getattr(target, name) for name in _TARGET_PROGRESS})
             )
 
+    async def take_in_relay(self, plan_id: str, target: DispatchTarget) -> None:
+        """Records that relay `target` of the plan is now its thread (the target as
+        `relay.with_relay_taken_in` made it: thread id and Codex reference), and points its task
+        at that thread."""
+        await self.connection.execute(
+            update(dispatch_targets)
+            .where(dispatch_targets.c.plan_id == plan_id, dispatch_targets.c.target_id == target.target_id)
+            .values(thread_id=target.thread_id, codex_thread_ref=target.codex_thread_ref)
+        )
+        if target.task_id:
+            await self.connection.execute(
+                update(chat_tasks)
+                .where(chat_tasks.c.task_id == target.task_id)
+                .values(target_thread_id=target.thread_id, codex_thread_ref=target.codex_thread_ref)
+            )
+
     async def mark_summarised(self, plan: DispatchPlan) -> bool:
         """Records the posted summary unless another writer did already. True when recorded."""
         result = await self.connection.execute(

@@ -121,6 +121,8 @@ def task_status(
     heartbeat_at: datetime | None = None,
     device_last_seen_at: datetime | None = None,
     owner_id: str = "local",
+    codex_session_id: str = "",
+    worker_id: str = "worker-a",
 ) -> dict[str, Any]:
     """`task.status_changed` as the scheduler publishes it for `task` (every Task field)."""
     terminal = status in ("completed", "failed", "timed_out", "cancelled", "expired")
@@ -140,7 +142,7 @@ def task_status(
         "dispatch_plan_id": "",
         "retry_of_task_id": task.retry_of_task_id,
         "attempt": 1,
-        "worker_id": "worker-a",
+        "worker_id": worker_id,
         "created_at": isoformat_utc(task.created_at.ToDatetime(tzinfo=UTC)),
         "claimed_at": None,
         "started_at": None,
@@ -151,6 +153,6 @@ def task_status(
         "failure_kind": failure_kind,
         "status_detail": status_detail,
         "device_last_seen_at": isoformat_utc(device_last_seen_at),
-        "codex_session_id": "",
+        "codex_session_id": codex_session_id,
         "updated_at": isoformat_utc(updated_at),
     }
