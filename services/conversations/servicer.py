@@ -534,10 +534,13 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
 
 
 def _set_group_state(message: pb.ProjectDetail | pb.ListMessagesResponse, state: GroupState) -> None:
-    """Fills a group's pending plan (when one waits) and gate into a detail or a message page."""
+    """Fills a group's pending plan (when one waits), gate and executing plans into a detail or a
+    message page."""
+    now = utc_now()
     if state.pending_plan is not None:
-        message.pending_dispatch_plan.CopyFrom(plan_message(state.pending_plan, utc_now()))
+        message.pending_dispatch_plan.CopyFrom(plan_message(state.pending_plan, now))
     message.collaboration_gate.CopyFrom(gate_message(state.gate))
+    message.executing_dispatch_plans.extend(plan_message(plan, now) for plan in state.executing_plans)
 
 
 def payload_of(envelope_json: str) -> dict[str, Any]:

@@ -138,6 +138,7 @@ def message_page(response: pb.ListMessagesResponse) -> MessagePage:
         collaboration_gate=gate_view(response.collaboration_gate)
         if response.HasField("collaboration_gate")
         else None,
+        executing_dispatch_plans=[dispatch_plan_view(plan) for plan in response.executing_dispatch_plans],
     )
 
 

@@ -290,6 +290,11 @@ class MessagePage(ChatView):
     collaboration_gate: CollaborationGateView | None = Field(
         default=None, description="Groups: where the group stands; null for other projects."
     )
+    executing_dispatch_plans: list[DispatchPlanView] = Field(
+        default_factory=list,
+        description="Groups: the confirmed dispatch plans whose summary is not posted yet (newest "
+        'first), so a reload or another tab shows their progress "k of N done"; empty otherwise.',
+    )
 
 
 class ChatTaskAnswer(ChatView):

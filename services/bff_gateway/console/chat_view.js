@@ -287,8 +287,12 @@ async function fetchNewMessages(chat) {
     const page = await api(`/api/v1/projects/${encodeURIComponent(chat.projectId)}/messages?after=${after}`);
     const incoming = (page.messages || []).map(messageOf);
     chat.messages = mergeMessages(chat.messages, incoming).messages;
-    // A group's page names the plan that waits for the person and where the group stands.
-    if (chat.kind === "group") storePlan(chat, page.pendingDispatchPlan, page.collaborationGate);
+    // A group's page names the plan that waits for the person, the confirmed plans still running
+    // (their progress, k of N done, for a tab that did not confirm them) and where the group stands.
+    if (chat.kind === "group") {
+      storePlan(chat, page.pendingDispatchPlan, page.collaborationGate);
+      for (const plan of page.executingDispatchPlans || []) storePlan(chat, plan);
+    }
     if (!incoming.length || !page.nextPageToken || lastSequence(chat.messages) <= after) return;
   }
 }

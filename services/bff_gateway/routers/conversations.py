@@ -157,6 +157,12 @@ class ProjectDetailView(ConversationView):
     collaboration_gate: CollaborationGateView | None = Field(
         default=None, description="Groups: where the group stands (camelCase, as on the chat routes)."
     )
+    executing_dispatch_plans: list[DispatchPlanView] = Field(
+        default_factory=list,
+        description="Groups: the confirmed dispatch plans whose summary is not posted yet (camelCase, "
+        "newest first), each target with its task's status, so any client shows their progress "
+        '"k of N done" after a reload or in another tab; empty otherwise.',
+    )
 
 
 class ThreadPageView(BaseModel):
@@ -280,6 +286,7 @@ def detail_view(detail: pb.ProjectDetail) -> ProjectDetailView:
         collaboration_gate=gate_view(detail.collaboration_gate)
         if detail.HasField("collaboration_gate")
         else None,
+        executing_dispatch_plans=[dispatch_plan_view(plan) for plan in detail.executing_dispatch_plans],
     )
 
 

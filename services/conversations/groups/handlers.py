@@ -61,6 +61,7 @@ from services.conversations.groups.plans import (
     check_drops,
     closed_error,
     confirm,
+    executing_plans,
     group_gate,
     new_plan,
     plan_in_view,
@@ -117,11 +118,13 @@ class ConfirmedPlan:
 
 @dataclass(frozen=True)
 class GroupState:
-    """What a client needs to resume a group: the plan waiting for confirmation (or None) and the
-    gate."""
+    """What a client needs to resume a group: the plan waiting for confirmation (or None), the
+    gate, and the confirmed plans whose summary is not posted yet (`executing_plans`, newest
+    first: their progress)."""
 
     pending_plan: DispatchPlan | None
     gate: CollaborationGate
+    executing_plans: tuple[DispatchPlan, ...] = ()
 
 
 def dispatch_task_of(plan: DispatchPlan, target_id: str, owner_id: str, now: datetime) -> ChatTask:
@@ -365,7 +368,9 @@ class GroupHandlers:
         now = self._clock()
         pending = [plan for plan in open_plans if plan.effective_status(now) == PROPOSED]
         return GroupState(
-            plan_in_view(pending, now) if pending else None, group_gate(plan_in_view(open_plans, now), now)
+            plan_in_view(pending, now) if pending else None,
+            group_gate(plan_in_view(open_plans, now), now),
+            executing_plans(open_plans),
         )
 
     async def confirm_plan(

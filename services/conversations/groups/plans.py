@@ -452,6 +452,13 @@ def plan_in_view(plans: Sequence[DispatchPlan], now: datetime) -> DispatchPlan |
     return None
 
 
+def executing_plans(plans: Sequence[DispatchPlan]) -> tuple[DispatchPlan, ...]:
+    """The confirmed plans among `plans` whose summary is not posted yet (tasks running, or the
+    summary pending), newest first."""
+    running = [plan for plan in plans if plan.status == CONFIRMED and plan.summary_status != SUMMARY_POSTED]
+    return tuple(sorted(running, key=lambda plan: (plan.created_at, plan.plan_id), reverse=True))
+
+
 def group_gate(plan: DispatchPlan | None, now: datetime) -> CollaborationGate:
     """Where a group stands (CHAT-5), from the plan in view (`plan_in_view`):
 

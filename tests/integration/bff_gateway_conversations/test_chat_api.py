@@ -296,6 +296,7 @@ async def test_messages_after_a_sequence_are_exactly_those_missed(
         "nextPageToken": None,
         "pendingDispatchPlan": None,
         "collaborationGate": None,
+        "executingDispatchPlans": [],
     }
 
     bad = {

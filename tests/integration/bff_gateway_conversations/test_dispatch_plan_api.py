@@ -81,7 +81,7 @@ async def test_a_group_send_answers_the_plan_and_a_reload_finds_it_waiting(
     assert body["collaborationGate"]["state"] == "awaiting_confirmation"
 
     detail = (await gateway.http.get(f"/api/v1/projects/{group}", headers=gateway.headers())).json()
-    assert detail["pending_dispatch_plan"] == plan
+    assert detail["pending_dispatch_plan"] == plan and detail["executing_dispatch_plans"] == []
     assert detail["collaboration_gate"] == body["collaborationGate"]
     page = (await gateway.http.get(f"/api/v1/projects/{group}/messages", headers=gateway.headers())).json()
     assert (
@@ -126,6 +126,10 @@ async def test_confirm_with_a_dropped_target_then_confirm_again(
     assert again.json() == body
     detail = (await gateway.http.get(f"/api/v1/projects/{group}", headers=gateway.headers())).json()
     assert detail["pending_dispatch_plan"] is None and detail["collaboration_gate"]["state"] == "executing"
+    # The running plan, for any tab or a reload: in the detail and on the message page.
+    assert detail["executing_dispatch_plans"] == [body["dispatchPlan"]]
+    page = (await gateway.http.get(f"/api/v1/projects/{group}/messages", headers=gateway.headers())).json()
+    assert page["executingDispatchPlans"] == [body["dispatchPlan"]]
 
 
 async def test_plan_errors_are_problems_naming_the_field_or_reason(

@@ -157,6 +157,19 @@ async def test_confirmed_targets_run_as_dispatch_tasks_whose_results_and_summary
     await report(stack, tasks[0], "completed", 5, reply_text="All 120 integration tests pass.")
     progress = (await get_plan(stack, plan.plan_id)).collaboration_gate
     assert (progress.state, progress.tasks_done, progress.detail) == ("executing", 1, "1 of 2 done")
+    # Any client, not only the one that confirmed, finds the running plan and its progress in the
+    # project detail and on the message page.
+    detail = await stack.stub.GetProject(pb.GetProjectRequest(project_id=group), metadata=stack.client())
+    page = await stack.stub.ListMessages(pb.ListMessagesRequest(project_id=group), metadata=stack.client())
+    for shown in (detail.project.executing_dispatch_plans, page.executing_dispatch_plans):
+        (running,) = shown
+        assert running.plan_id == plan.plan_id and running.status == "confirmed"
+        assert [(t.target_id, t.task_status) for t in running.targets] == [
+            ("t1", "completed"),
+            ("t2", "queued"),
+            ("t3", ""),
+        ]
+    assert not detail.project.HasField("pending_dispatch_plan")
     await report(stack, tasks[1], "running", 2)
     await report(
         stack, tasks[1], "failed", 6, failure_kind="model_error", status_detail="HTTP 500 from the model"

@@ -200,6 +200,7 @@ def test_a_page_of_messages_ends_with_a_null_token() -> None:
         "nextPageToken": None,
         "pendingDispatchPlan": None,
         "collaborationGate": None,
+        "executingDispatchPlans": [],
     }
 
 

@@ -721,6 +721,75 @@ def test_a_group_loaded_while_its_tasks_run_shows_the_progress(tmp_path: Path) -
     assert (north["author"], north["meta"].split(" · ")[0]) == ("thread", "north")
 
 
+def test_a_tab_that_did_not_confirm_shows_the_progress_from_the_message_page(tmp_path: Path) -> None:
+    running = plan(
+        "confirmed",
+        [
+            dispatched("t1", "north", 82.4, "safe", "completed"),
+            dispatched("t2", "south", 44.0, "watch", "running"),
+        ],
+        updatedAt="2026-03-25T08:01:00Z",
+    )
+    executing = {"state": "executing", "tasksTotal": 2, "tasksDone": 1, "detail": "1 of 2 done"}
+    routes = {
+        PAGE_URL: {
+            "messages": [
+                group_message(1, "user", "Run the integration tests"),
+                group_message(2, "master", "Sent to 2 threads: north, south."),
+            ],
+            "nextPageToken": None,
+            "pendingDispatchPlan": None,
+            "collaborationGate": executing,
+            "executingDispatchPlans": [running],
+        },
+        "/api/v1/dispatch-plans/plan-1": {"dispatchPlan": running, "collaborationGate": executing},
+    }
+    # Nothing remembered: another tab (or another device) confirmed the plan.
+    result = group_page(tmp_path, routes)
+
+    assert result["calls"][0] == ["GET", PAGE_URL]
+    assert json.loads(result["remembered"]) == ["plan-1"]
+    user, _master = result["items"]
+    [card] = user["plans"]
+    assert (card["state"], card["label"]) == ("awaiting_result", "sent to 2 threads: 1 of 2 done")
+    assert [(t["title"], t["state"]) for t in card["targets"]] == [
+        ("north", "done"),
+        ("south", "awaiting_result"),
+    ]
+
+
+def test_a_relay_target_card_shows_a_new_thread_without_its_hosts_budget(tmp_path: Path) -> None:
+    relay = target(
+        "t1",
+        "tight (relay)",
+        None,
+        "",
+        kind="relay",
+        threadId="relay-1-t1",
+        codexThreadRef=None,
+        relayOfThreadId="th-tight",
+        reason="new Codex thread in /src/tight on node-a, the folder of tight: no member can take new work "
+        "(1 critical, 1 urgent)",
+    )
+    waiting = plan(targets=[relay], expiresAt=FUTURE)
+    routes = {
+        PAGE_URL: {
+            "messages": [group_message(1, "user", "Write the release notes")],
+            "nextPageToken": None,
+            "pendingDispatchPlan": waiting,
+            "collaborationGate": WAITING_GATE,
+        },
+        "/api/v1/dispatch-plans/plan-1": {"dispatchPlan": waiting, "collaborationGate": WAITING_GATE},
+    }
+    result = group_page(tmp_path, routes)
+
+    [item] = result["items"]
+    [card] = item["plans"]
+    [shown] = card["targets"]
+    assert (shown["title"], shown["budget"]) == ("tight (relay)", "new thread")
+    assert shown["reason"].startswith("new Codex thread in /src/tight on node-a")
+
+
 def test_a_result_from_a_thread_the_page_does_not_list_is_named_by_the_plans_target(tmp_path: Path) -> None:
     done = plan(
         "confirmed",
