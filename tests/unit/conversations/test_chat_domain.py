@@ -227,6 +227,20 @@ def test_status_reports_are_parsed_from_the_schedulers_task_json() -> None:
     assert (parsed.status, parsed.failure_kind, parsed.heartbeat_at) == ("failed", "session_not_found", None)
     assert parsed.device_last_seen_at == datetime(2026, 12, 1, 9, 59, tzinfo=UTC)
     assert parsed.updated_at == datetime(2026, 12, 1, 10, 0, 2, 500_000, tzinfo=UTC)
+    assert (parsed.codex_session_id, parsed.worker_id) == ("", "")
+
+
+def test_a_status_report_names_the_codex_session_and_worker_that_ran_it() -> None:
+    parsed = parse_status_report(
+        {
+            "task_id": "task-1",
+            "status": "completed",
+            "reply_text": "done",
+            "codex_session_id": "0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+            "worker_id": "worker-a",
+        }
+    )
+    assert (parsed.codex_session_id, parsed.worker_id) == ("0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", "worker-a")
 
 
 def test_nul_in_a_reports_texts_becomes_the_replacement_character() -> None:
