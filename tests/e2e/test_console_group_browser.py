@@ -20,6 +20,10 @@ other two are left out.
   progress (k of N) survives a reload while the kept thread works; the raw result arrives named by
   its thread, then the master agent's summary.
 - Both targets kept: both threads' results, each named by its thread, and the summary.
+- A group none of whose threads can take work (a long name, wrapped at phone width): the plan
+  proposes a relay, "<host> (relay)", shown as a new thread; another tab (storage of its own) shows
+  its progress; real Codex starts the new thread, which comes back as a thread of its own: its
+  result in the group, its row in the home list, its page with the instruction and its answer.
 
 Client states: CHAT-6; the console's rules are unit-tested in tests/unit/bff_gateway/
 test_console_group.py and test_console_chat.py. Skipped, with the reason, only when
@@ -283,7 +287,8 @@ def assert_fits_the_phone(page: Any) -> None:
     assert width <= PHONE["width"], f"the page is {width}px wide on a {PHONE['width']}px phone"
     overflowing = page.evaluate(
         """(limit) => [...document.querySelectorAll(
-              '.message, .bubble, .plan, .target, .plan-actions, .task-state, #composer, #new-group')]
+              'h1, .title, .message, .bubble, .plan, .target, .plan-actions, .task-state, #composer, '
+              + '#new-group')]
             .filter((node) => node.getBoundingClientRect().right > limit + 0.5)
             .map((node) => node.className || node.id)""",
         PHONE["width"],
@@ -558,4 +563,65 @@ def test_a_plan_for_two_threads_brings_back_each_result_named_by_its_thread(
     ]
     assert done == sorted(done) and done[-1] == 2, labels
     assert labels[-1] == "done: 2 of 2 threads answered"
+    assert_fits_the_phone(phone)
+
+
+def test_a_relay_thread_takes_a_message_no_member_can_and_becomes_a_thread_of_its_own(
+    phone: Any, demo: DemoStack
+) -> None:
+    from playwright.sync_api import expect
+
+    title = "Relay check: a group named at more length than a phone is wide " + "x" * 60
+    members = [demo.threads[name]["thread_id"] for name in ("ios-sync-client", "firmware-flasher")]
+    group = str(demo.post("/api/v1/projects", {"project_title": title, "thread_ids": members})["project_id"])
+    open_conversation(phone, demo, group)
+    assert_fits_the_phone(phone)  # the long name wraps
+
+    # The demo model takes eight seconds over each answer: the relay still runs when a second tab
+    # opens the group.
+    sent = send(phone, "Write a changelog entry. [[demo:slow=8]]", timeout_ms=PLAN_TIMEOUT_MS)
+    card = proposed_card(phone, sent)
+    plan_id = card.get_attribute("data-plan-id")
+    expect(card.locator(".target")).to_have_count(1)
+    relay = card.locator(".target[data-kind='relay']")
+    expect(relay.locator(".title")).to_have_text("ios-sync-client (relay)")
+    expect(relay.locator(".budget")).to_have_text("new thread")
+    expect(relay.locator(".reason")).to_contain_text(
+        re.compile(r"^new Codex thread in \S+ on \S+, the folder of ios-sync-client: no member can take")
+    )
+    card.locator("button.confirm").tap()
+    expect(card.locator(".plan-head .label")).to_have_text("sent to 1 thread: 0 of 1 done", timeout=10_000)
+    assert_fits_the_phone(phone)
+
+    # Another tab, which did not confirm and remembers nothing, shows the progress too.
+    other_context = phone.context.browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)
+    try:
+        other = other_context.new_page()
+        open_conversation(other, demo, group)
+        other_card = other.locator(f".plan[data-plan-id='{plan_id}']")
+        expect(other_card.locator(".plan-head .label")).to_have_text(
+            re.compile(r"^sent to 1 thread: 0 of 1 done$|^1 of 1 done; the master agent is summarising"),
+            timeout=10_000,
+        )
+    finally:
+        other_context.close()
+
+    # Real Codex started a new thread: its result is named by that thread, not by the relay target.
+    result = phone.locator(".message[data-author='thread']")
+    expect(result).to_have_count(1, timeout=RUN_TIMEOUT_MS)
+    session = result.get_attribute("data-thread-id")
+    assert session and not session.startswith("relay-")
+    expect(result.locator(".meta")).to_contain_text("ios-sync-client (relay)")
+    summary = phone.locator(f".message[data-author='master'][data-summary-of='{plan_id}']")
+    expect(summary).to_have_count(1, timeout=RUN_TIMEOUT_MS)
+
+    # It is a thread of its own: in the home list, and its page shows the instruction and the answer.
+    phone.goto(f"{demo.gateway}/console/?token={demo.token}")
+    row = phone.locator("#conversations li", has=phone.locator(".title", has_text="ios-sync-client (relay)"))
+    expect(row).to_have_count(1, timeout=15_000)
+    row.locator("a").tap()
+    expect(phone.locator("h1")).to_have_text("ios-sync-client (relay)", timeout=10_000)
+    expect(phone.locator(".message[data-author='master'] .bubble")).to_contain_text("Write a changelog entry")
+    answer = phone.locator(f".message[data-author='thread'][data-thread-id='{session}'] .bubble")
+    expect(answer).to_contain_text("Demo model (not a real model): you said:", timeout=10_000)
     assert_fits_the_phone(phone)
