@@ -832,6 +832,8 @@ async def test_a_compaction_awaiting_its_first_reading_is_shown_as_such(stack: S
         "thread.context.updated",
         budget_payload("th-1", 8.0, "critical", version=1, compaction_limit_source="configured"),
     )
+    # Settled apart: one batch holding both readings would rightly show only the later one.
+    await stack.settle()
     await stack.budget.publish(
         "thread.context.updated",
         budget_payload(
