@@ -821,24 +821,36 @@ class ConversationsHandlers:
         return thread
 
     async def _detail(self, repository: SqlAlchemyConversationsRepository, project: Row) -> ProjectDetailView:
-        return self._detail_of(project, await repository.member_threads(project["project_id"]))
+        members = await repository.member_threads(project["project_id"])
+        return self._detail_of(project, members, overseen=await _overseen_by(repository, project))
 
     @staticmethod
     def _detail_of(
-        project: Row, member_rows: Sequence[Mapping[Any, Any]], views: Mapping[str, ThreadView] | None = None
+        project: Row,
+        member_rows: Sequence[Mapping[Any, Any]],
+        views: Mapping[str, ThreadView] | None = None,
+        overseen: Sequence[Mapping[Any, Any]] | None = None,
     ) -> ProjectDetailView:
         """The project's detail from its member thread rows (archived ones are left out). `views`:
-        views already made of some of these rows, by thread id (reused, not made again)."""
+        views already made of some of these rows, by thread id (reused, not made again).
+
+        `overseen`: for the master agent's project, every live thread row of its owner. Its threads
+        are its own members (the master's own Codex thread, if any), but its risk fields and its
+        strategy summary are about every thread the master agent oversees (CB-13): the master's
+        page tells the truth about the whole system, not about its own empty membership."""
         known = views or {}
         members = [
             known.get(row["thread_id"]) or view_of(row) for row in member_rows if row["archived_at"] is None
         ]
+        judged = members
+        if overseen is not None:
+            judged = [known.get(row["thread_id"]) or view_of(row) for row in overseen]
         return ProjectDetailView(
             project=project,
             threads=risk_order(members),
-            next_compaction_risk_thread_id=next_compaction_risk_thread(members),
-            threads_requiring_handoff=threads_requiring_handoff(members),
-            master_context_strategy_summary=strategy_summary(members, project["strategy_summary"]),
+            next_compaction_risk_thread_id=next_compaction_risk_thread(judged),
+            threads_requiring_handoff=threads_requiring_handoff(judged),
+            master_context_strategy_summary=strategy_summary(judged, project["strategy_summary"]),
         )
 
     # --- projection of upstream events (called by EventConsumer inside its transaction) ------------
@@ -1009,7 +1021,8 @@ class ConversationsHandlers:
                 if member_of is None or member_of["archived_at"] is not None:
                     continue
                 if project_id not in details:
-                    details[project_id] = self._detail_of(member_of, members[project_id], views)
+                    overseen = await _overseen_by(repository, member_of)  # the master's own thread changed
+                    details[project_id] = self._detail_of(member_of, members[project_id], views, overseen)
                 events.append(_project_risk_event(member_of, details[project_id], view, thread["node_id"]))
         # One entry per project: a row updated twice in one statement keeps only one of the changes.
         project_changes = {
@@ -1108,7 +1121,7 @@ class ConversationsHandlers:
         assert project is not None
         if project["archived_at"] is not None:
             return []
-        detail = self._detail_of(project, members)
+        detail = self._detail_of(project, members, overseen=await _overseen_by(repository, project))
         if not detail.threads:
             return []
         first = detail.threads[0]
@@ -1277,6 +1290,16 @@ def registered_by_its_device(thread: Mapping[Any, Any], owner_id: str, node_id: 
         and thread["node_id"] == node_id
         and thread["worker_id"] in ("", worker_id)
     )
+
+
+async def _overseen_by(
+    repository: SqlAlchemyConversationsRepository, project: Mapping[Any, Any]
+) -> list[Row] | None:
+    """Every live thread of the owner for the master agent's project (what it oversees), None for
+    any other project (its members are what it is about)."""
+    if project["conversation_type"] != MASTER_AGENT:
+        return None
+    return await repository.live_threads_of_owner(project["owner_id"])
 
 
 def _set_aside_stale_summaries(

@@ -360,6 +360,10 @@ def test_the_master_agent_answers_inline_and_a_slow_answer_arrives_later(phone: 
     ]
     open_conversation(phone, demo, master["project_id"])
     expect(phone.locator("#chat")).to_have_attribute("data-kind", "master")
+    # The master agent's strategy is about every thread it oversees, though none is its own.
+    expect(phone.locator("#strategy")).to_contain_text(
+        re.compile(r"Critical: [^:]*firmware-flasher \([\d.]+%\): run the pre-compaction wrap-up now")
+    )
 
     with phone.expect_response(posted_message) as inline:
         asked = send(phone, "Which thread is closest to compaction?")

@@ -188,6 +188,7 @@ async function renderProject(view, projectId) {
   const project = await api("/api/v1/projects/" + encodeURIComponent(projectId));
   const threads = el("ul", { class: "list", id: "threads" }, project.active_thread_contexts.map(threadRow));
   state.threadTitles = new Map(project.active_thread_contexts.map((c) => [c.thread_id, c.title || c.thread_id]));
+  state.shownConversationType = project.conversation_type;
   const heading = el("h1", { "data-project-id": project.project_id }, project.project_title);
   const strategy = el("section", {}, el("h2", {}, "Master agent's strategy"),
     el("div", { class: "summary", id: "strategy" }, project.master_context_strategy_summary));
@@ -329,6 +330,16 @@ function refreshSoon() {
   state.refreshTimer = setTimeout(render, 150);
 }
 
+// The master agent's page states the risk of every thread it oversees: any project's risk change
+// re-reads it, at most once a second however many threads report.
+function refreshOverseen() {
+  if (state.replaying || state.overseenTimer) return;
+  state.overseenTimer = setTimeout(() => {
+    state.overseenTimer = null;
+    render();
+  }, 1000);
+}
+
 // --- live updates -------------------------------------------------------------------------------------
 
 function updateRings(threadId, percent, level, visible, awaiting) {
@@ -358,6 +369,8 @@ const handlers = {
       if (risk) risk.textContent = riskText(data, state.threadTitles);
       const old = document.querySelector(`#threads li[data-thread-id="${CSS.escape(c.thread_id)}"]`);
       if (old) old.replaceWith(threadRow(c));
+    } else if (route.name === "project" && state.shownConversationType === "master_agent") {
+      refreshOverseen();
     }
     if (route.name === "thread" && route.id === c.thread_id) refreshSoon();
   },

@@ -484,6 +484,15 @@ class SqlAlchemyConversationsRepository:
         )
         return list(result.mappings())
 
+    async def live_threads_of_owner(self, owner_id: str) -> list[Row]:
+        """Every unarchived thread row of the owner, by thread id: what the master agent oversees."""
+        result = await self.connection.execute(
+            select(threads)
+            .where(threads.c.owner_id == owner_id, threads.c.archived_at.is_(None))
+            .order_by(threads.c.thread_id)
+        )
+        return list(result.mappings())
+
     async def projects_showing_thread(self, thread_id: str) -> list[Row]:
         """Projects whose ring shows `thread_id` (its single_device project, the master project)."""
         result = await self.connection.execute(

@@ -244,6 +244,28 @@ async def test_master_agent_ring_follows_its_main_thread(stack: Stack) -> None:
     assert rows[0].conversation_type == pb.CONVERSATION_TYPE_MASTER_AGENT  # pinned by default
 
 
+async def test_the_master_agents_page_states_the_risk_of_every_thread_it_oversees(stack: Stack) -> None:
+    await register(stack, "th-1", title="firmware-flasher")
+    await register(stack, "th-2", title="billing-api")
+    await register(stack, "th-3", title="old-spike")
+    await stack.budget.publish("thread.context.updated", budget_payload("th-1", 8.0, "critical"))
+    await stack.budget.publish("thread.context.updated", budget_payload("th-2", 81.0, "safe"))
+    await stack.settle()
+    await stack.stub.ArchiveThread(pb.ArchiveThreadRequest(thread_id="th-3"), metadata=stack.client())
+    master = (
+        await stack.stub.GetProject(pb.GetProjectRequest(project_id="master-agent"), metadata=stack.client())
+    ).project
+    # The master agent runs on a model here: it has no thread of its own, yet it oversees both live
+    # threads of its owner (the archived one is left out).
+    assert list(master.active_thread_contexts) == []
+    assert master.next_compaction_risk_thread_id == "th-1"
+    assert list(master.threads_requiring_handoff) == ["th-1"]
+    assert master.master_context_strategy_summary == (
+        "Critical: firmware-flasher (8%): run the pre-compaction wrap-up now and allow no further "
+        "context growth. Safe: 1 thread(s) keep going; new subtasks go to them first."
+    )
+
+
 async def test_order_is_pinned_then_latest_reply_and_pages_cover_everything(stack: Stack) -> None:
     ids = [(await register(stack, f"th-{i}")).project_id for i in range(5)]
     await stack.stub.AddMessage(
