@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import signal
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import grpc
@@ -150,7 +152,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
     app = create_app(settings, context_budget_channel=channel)
     _instrument(app)
     access_log.install()
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=GRACE_SECONDS)
     )
     tune_garbage_collection()
@@ -175,6 +177,30 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
         if endpoint is not None:
             await endpoint.stop()
         await channel.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending with exit status 0 after its graceful shutdown on SIGTERM or SIGINT,
+    as the gRPC services do. uvicorn's own signal capture raises the signal again once it has shut
+    down, so the process would end "killed by SIGTERM" (status 143), which supervisors and our
+    lifecycle test read as a crash."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """SIGTERM and SIGINT start the graceful shutdown (a second SIGINT forces it), and nothing
+        is raised again afterwards. Called by `serve()` inside the running event loop."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach the main thread alone: whoever runs this thread stops it
+            return
+        loop = asyncio.get_running_loop()
+        handled = (signal.SIGINT, signal.SIGTERM)
+        for number in handled:
+            loop.add_signal_handler(number, self.handle_exit, number, None)
+        try:
+            yield
+        finally:
+            for number in handled:
+                loop.remove_signal_handler(number)
 
 
 async def _end_streams_on_exit(server: uvicorn.Server, hub: EventHub) -> None:
