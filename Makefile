@@ -55,8 +55,13 @@ browser: ## install Debian's chromium for the browser test (as root; otherwise t
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium is not installed and cannot be installed here: the browser test will be skipped"; fi; }
 
+# How many processes `make test` runs the suite in (each test file runs in one of them, so a file's
+# shared fixtures are set up once); items that share a node id run after, in one process.
+TEST_WORKERS ?= 2
+
 test: setup browser codex ## run the whole suite (unit, SQLite + PostgreSQL integration, end to end, browser)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not one_process"
+	$(PY) -m pytest -m one_process
 
 test-unit: setup ## only the pure unit tests
 	$(PY) -m pytest tests/unit

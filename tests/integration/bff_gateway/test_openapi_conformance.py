@@ -30,6 +30,10 @@ from tests.integration.bff_gateway.context_budget_double import SECRET
 from tests.integration.bff_gateway.conversations_double import start_conversations
 from tests.integration.bff_gateway.support import BackgroundLoop, build_app
 
+# Schemathesis gives every API operation's item the same node id, and pytest-xdist's file scheduler
+# keys items by node id (it would run one operation of the lot): these run in one process.
+pytestmark = pytest.mark.one_process
+
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
 AUTHORITY = TokenAuthority(SECRET)
 

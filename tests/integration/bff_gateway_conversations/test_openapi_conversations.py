@@ -31,6 +31,10 @@ from services.shared.auth import TokenAuthority
 from tests.conftest import DatabaseTarget
 from tests.integration.conversations.stack import SECRET, budget_payload, running_stack
 
+# Schemathesis gives every API operation's item the same node id, and pytest-xdist's file scheduler
+# keys items by node id (it would run one operation of the lot): these run in one process.
+pytestmark = pytest.mark.one_process
+
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
 AUTHORITY = TokenAuthority(SECRET)
 PATHS = [
