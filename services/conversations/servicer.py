@@ -483,9 +483,19 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchEventsResponse]:
         """Committed events after `after_sequence` (or the head), then live ones, filtered by owner,
-        in runs of up to 500 per response (a run another owner's events emptied is not sent)."""
+        in runs of up to 500 per response (a run another owner's events emptied is not sent).
+
+        PERMISSION_DENIED (reason CONSUMER_NOT_ALLOWED) for a `consumer` named with a token other
+        than a service's: a durable position holds back retention for every owner, so only Boss's
+        own services keep one."""
         try:
             principal = self._authority.authorize_grpc(context, SCOPE_EVENTS_READ)
+            if request.consumer and principal.kind != SERVICE:
+                raise PermissionDenied(
+                    "consumer: only Boss services keep a durable position on this stream; "
+                    "clients resume with after_sequence alone",
+                    reason="CONSUMER_NOT_ALLOWED",
+                )
             if not request.from_head:
                 await self._event_log.admit(request.after_sequence, request.consumer, request.types)
         except BossError as error:

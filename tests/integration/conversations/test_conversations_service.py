@@ -682,6 +682,32 @@ async def test_archive_removes_the_conversation(stack: Stack) -> None:
     assert list((await home(stack)).conversations) == []
 
 
+async def test_only_services_keep_a_durable_position_on_the_event_stream(stack: Stack) -> None:
+    await register(stack, "th-1")
+    await stack.settle()
+    positions = stack.app.event_log.consumer_positions
+    assert positions is not None
+    # A client naming a consumer would hold back retention for every owner (or move a service's
+    # position past what it has taken): refused, and nothing recorded.
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        async for _ in stack.stub.WatchEvents(
+            pb.WatchEventsRequest(after_sequence=2**63 - 1, consumer="scheduler/conversations"),
+            metadata=stack.client(),
+        ):
+            pass
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "consumer" in (refused.value.details() or "")
+    assert [position.consumer for position in await positions.all()] == []
+    # A service's durable position is recorded as before.
+    call = stack.stub.WatchEvents(
+        pb.WatchEventsRequest(after_sequence=0, consumer="scheduler/conversations"), metadata=stack.service()
+    )
+    first = await asyncio.wait_for(call.read(), 5)
+    call.cancel()
+    assert first.events[0].sequence == 1
+    assert [(p.consumer, p.last_sequence) for p in await positions.all()] == [("scheduler/conversations", 0)]
+
+
 async def test_watch_events_streams_live_and_resumes_without_gaps(stack: Stack) -> None:
     await register(stack, "th-1")
     await stack.settle()
