@@ -96,12 +96,14 @@ from services.conversations.master.repository import SqlAlchemyMasterRepository
 from services.shared.db import Database
 from services.shared.devices import THREAD_MOVED_EVENT
 from services.shared.errors import (
+    MASTER_ON_OTHER_DEVICE,
     PROJECT_NOT_FOUND,
     THREAD_NOT_FOUND,
     FailedPrecondition,
     FieldViolation,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     PreconditionViolation,
     thread_bound_to_other_device,
 )
@@ -309,7 +311,8 @@ class ConversationsHandlers:
         registering device (owner, node, worker) from then on. A known thread keeps its project and
         gets its folder, reference and title refreshed, but only by its own device. Raises
         InvalidArgument, NotFound (group), PermissionDenied (THREAD_BOUND_TO_OTHER_DEVICE: the
-        thread belongs to another device, or another owner; nothing changes). Whether the caller may
+        thread belongs to another device, or another owner; MASTER_ON_OTHER_DEVICE: see
+        `_make_master_thread`; nothing changes). Whether the caller may
         act for the owner, node and worker is the servicer's check.
         """
         violations: list[FieldViolation] = []
@@ -376,7 +379,7 @@ class ConversationsHandlers:
                 await repository.add_member(registration.group_project_id, registration.thread_id, now)
                 project_id = registration.group_project_id
             if registration.is_master_main_thread:
-                events += await self._make_master_thread(repository, owner, registration.thread_id, now)
+                events += await self._make_master_thread(repository, registration, now)
             await self.event_log.append(connection, events)
             thread = await repository.thread(registration.thread_id)
             assert thread is not None
@@ -420,7 +423,7 @@ class ConversationsHandlers:
             project_id = registration.group_project_id
             await repository.add_member(project_id, registration.thread_id, now)
         if registration.is_master_main_thread:
-            events += await self._make_master_thread(repository, owner, registration.thread_id, now)
+            events += await self._make_master_thread(repository, registration, now)
         else:  # a new owner's first thread brings their master conversation
             await ensure_master_project(repository, owner, now)
         events.append(
@@ -455,13 +458,33 @@ class ConversationsHandlers:
         return project
 
     async def _make_master_thread(
-        self, repository: SqlAlchemyConversationsRepository, owner: str, thread_id: str, now: datetime
+        self, repository: SqlAlchemyConversationsRepository, registration: Registration, now: datetime
     ) -> list[NewEvent]:
-        """Makes `thread_id` the master agent's current main thread (the one master_codex_node runs
-        in); the master ring shows its budget unless the master's model answers (openai_api: the
-        ring is the conversation's own, see services/conversations/master/answers.py)."""
-        master, _created = await ensure_master_project(repository, owner, now)
+        """Makes the registered thread the master agent's current main thread (the one
+        master_codex_node runs in); the master ring shows its budget unless the master's model
+        answers (openai_api: the ring is the conversation's own, see
+        services/conversations/master/answers.py).
+
+        The master agent stays on the device it runs on: while the owner's current main thread is
+        live, only that device (node and worker) may register a new one (its relay thread). Another
+        device is refused with PermissionDenied (reason MASTER_ON_OTHER_DEVICE) and the whole
+        registration rolls back: the master's prompt carries every thread's state, and its answers
+        are the owner's master messages. The owner moves the master by archiving its thread."""
+        owner, thread_id = registration.owner_id, registration.thread_id
         masters = SqlAlchemyMasterRepository(repository.connection)
+        current = await masters.master_main_thread(owner)
+        if (
+            current is not None
+            and current["thread_id"] != thread_id
+            and current["archived_at"] is None
+            and (current["node_id"], current["worker_id"]) != (registration.node_id, registration.worker_id)
+        ):
+            raise PermissionDenied(
+                "is_master_main_thread: the master agent runs on another device; only that device "
+                "registers its next thread, unless the owner archives the current one",
+                reason=MASTER_ON_OTHER_DEVICE,
+            )
+        master, _created = await ensure_master_project(repository, owner, now)
         for previous in await masters.master_main_thread_ids(owner):
             if previous != thread_id:
                 await repository.update_thread(previous, {"is_master_main_thread": False})

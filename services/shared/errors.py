@@ -171,6 +171,8 @@ class AlreadyExists(BossError):
 
 
 THREAD_BOUND_TO_OTHER_DEVICE = "THREAD_BOUND_TO_OTHER_DEVICE"
+# The master agent runs on another device of its owner: only that device registers its next thread.
+MASTER_ON_OTHER_DEVICE = "MASTER_ON_OTHER_DEVICE"
 
 
 def thread_bound_to_other_device(thread_id: str) -> PermissionDenied:

@@ -244,6 +244,53 @@ async def test_master_agent_ring_follows_its_main_thread(stack: Stack) -> None:
     assert rows[0].conversation_type == pb.CONVERSATION_TYPE_MASTER_AGENT  # pinned by default
 
 
+async def test_the_master_agent_stays_on_its_device_until_its_owner_archives_its_thread(stack: Stack) -> None:
+    await register(stack, "master-th", is_master_main_thread=True)
+
+    def on_node_b(thread_id: str) -> pb.RegisterThreadRequest:
+        return pb.RegisterThreadRequest(
+            thread_id=thread_id,
+            node_id="node-b",
+            worker_id="worker-b",
+            codex_folder="/home/dev/cheap-box",
+            codex_thread_ref=f"ref-{thread_id}",
+            is_master_main_thread=True,
+        )
+
+    # Another device of the same owner cannot take the master agent over, and nothing is stored.
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stack.stub.RegisterThread(
+            on_node_b("rogue-master"), metadata=stack.worker("worker-b", "node-b")
+        )
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "MASTER_ON_OTHER_DEVICE" in str(refused.value.trailing_metadata())
+    with pytest.raises(grpc.aio.AioRpcError) as unknown:
+        await stack.stub.GetThreadContextBudget(
+            pb.GetThreadContextBudgetRequest(thread_id="rogue-master"), metadata=stack.client()
+        )
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    # Its own device registers its next thread (a relay) ...
+    await register(stack, "master-th-2", is_master_main_thread=True)
+    await stack.budget.publish("thread.context.updated", budget_payload("master-th-2", 70.0, "safe"))
+    await stack.settle()
+    master = (
+        await stack.stub.GetProject(pb.GetProjectRequest(project_id="master-agent"), metadata=stack.client())
+    ).project
+    assert master.conversation.context_budget_thread_id == "master-th-2"
+    # ... and once the owner archives the master's thread, another device may take it on.
+    await stack.stub.ArchiveThread(pb.ArchiveThreadRequest(thread_id="master-th-2"), metadata=stack.client())
+    await stack.stub.RegisterThread(on_node_b("new-master"), metadata=stack.worker("worker-b", "node-b"))
+    await stack.budget.publish(
+        "thread.context.updated",
+        budget_payload("new-master", 90.0, "safe", node_id="node-b", worker_id="worker-b"),
+    )
+    await stack.settle()
+    master = (
+        await stack.stub.GetProject(pb.GetProjectRequest(project_id="master-agent"), metadata=stack.client())
+    ).project
+    assert master.conversation.context_budget_thread_id == "new-master"
+
+
 async def test_the_master_agents_page_states_the_risk_of_every_thread_it_oversees(stack: Stack) -> None:
     await register(stack, "th-1", title="firmware-flasher")
     await register(stack, "th-2", title="billing-api")
