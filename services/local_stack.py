@@ -46,6 +46,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from boss_common.channels import open_channel
 from boss_common.waiting import wait_until_set
 from demo_model.codex_home import API_KEY_VALUE, demo_model_environment
 from demo_model.responses import MODEL_NAME as DEMO_MODEL_NAME
@@ -217,7 +218,7 @@ def reset_demo_state(data: Path, codex_home: Path) -> None:
 
 async def grpc_healthy(address: str, timeout: float = 1.0) -> bool:
     """One gRPC health check of the whole server at `address`."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with open_channel(address) as channel:
         try:
             response = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 
 import grpc
 
+from boss_common.channels import open_channel
 from services.shared.auth import TokenAuthority, bearer_metadata
 from services.shared.config import auth_secret, default_owner_id, service_address
 from services.shared.time import from_timestamp, isoformat_utc
@@ -83,7 +84,7 @@ async def request_pairing_code(owner_id: str) -> tuple[str, datetime]:
     from boss.conversations.v1 import conversations_pb2, conversations_pb2_grpc
 
     token = TokenAuthority(auth_secret()).issue_service("bff_gateway")
-    async with grpc.aio.insecure_channel(service_address("conversations")) as channel:
+    async with open_channel(service_address("conversations")) as channel:
         response = await conversations_pb2_grpc.ConversationsServiceStub(channel).CreatePairingCode(
             conversations_pb2.CreatePairingCodeRequest(owner_id=owner_id),
             metadata=bearer_metadata(token),

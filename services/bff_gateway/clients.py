@@ -24,6 +24,7 @@ from boss.context_budget.v1 import context_budget_pb2 as pb
 from boss.context_budget.v1 import context_budget_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from boss_common import channels
 from services.shared.auth import bearer_metadata
 
 CONTEXT_BUDGET_SERVICE = pb.DESCRIPTOR.services_by_name["ContextBudgetService"].full_name
@@ -58,9 +59,10 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 
 
 def open_channel(target: str) -> grpc.aio.Channel:
-    """An insecure grpc.aio channel to `target` (host:port or a gRPC target such as dns:///x:50051).
+    """A grpc.aio channel to `target` (host:port or a gRPC target such as dns:///x:50051) with
+    CHANNEL_OPTIONS, TLS or plaintext as BOSS_GRPC_TLS / BOSS_TLS_CA_FILE say (boss_common/channels.py).
     Call it inside the event loop that will use the channel."""
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    return channels.open_channel(target, CHANNEL_OPTIONS)
 
 
 @dataclass

@@ -9,6 +9,7 @@
 | BOSS_GATEWAY_RPC_TIMEOUT_SECONDS | 5 | deadline of each backend call |
 | BOSS_GATEWAY_SEND_TIMEOUT_SECONDS | 30 | deadline of a chat send (it may wait for the master model) |
 | BOSS_GATEWAY_METRICS_LISTEN | (unset) | serve /metrics on this host:port instead of the API's port |
+| BOSS_GRPC_TLS, BOSS_TLS_CA_FILE | off, (unset) | TLS to the gRPC services (boss_common/channels.py) |
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from boss_common.channels import ChannelSecurity, ChannelSettingsError
 from services.shared import config
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
@@ -53,7 +55,13 @@ class GatewaySettings:
 
     @classmethod
     def from_environment(cls) -> GatewaySettings:
-        """Reads the settings (see the module table); creates the local auth secret if needed."""
+        """Reads the settings (see the module table); creates the local auth secret if needed.
+        Raises SystemExit naming the setting when the channels' transport settings are wrong
+        (BOSS_GRPC_TLS, BOSS_TLS_CA_FILE: boss_common/channels.py)."""
+        try:
+            ChannelSecurity.from_environment()
+        except ChannelSettingsError as error:
+            raise SystemExit(f"gateway: {error}") from None
         return cls(
             listen=config.listen_address("gateway"),
             context_budget_address=config.service_address("context_budget"),

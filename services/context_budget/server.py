@@ -263,6 +263,7 @@ def build_service(
         on_stop=[batcher.close, database.dispose],
         readiness_check=database.ping,
         authority=authority,
+        tls=settings.tls,
     )
     return ContextBudgetService(
         settings=settings,

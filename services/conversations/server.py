@@ -23,11 +23,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 from boss.common.v1 import events_pb2
 from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
 from boss.conversations.v1 import conversations_pb2_grpc
 
+from boss_common.channels import open_channel
 from services.conversations.adapters.tables import event_cursors, metadata, outbox_events
 from services.conversations.chat.handlers import TASK_STATUS_CHANGED
 from services.conversations.domain.model import SCHEDULER_HANDOFF_EVENTS
@@ -98,7 +98,7 @@ def context_budget_opener(address: str, token: str) -> StreamOpener:
     again under load, which the projection would only skip; filtering them at the source halves
     the stream's work on both sides. The cursor then advances over applied types only, which
     loses nothing: the skipped types are skipped again after a reconnect."""
-    channel = grpc.aio.insecure_channel(address)
+    channel = open_channel(address)
     stub = context_budget_pb2_grpc.ContextBudgetServiceStub(channel)
 
     async def open_stream(after: int) -> AsyncIterator[Sequence[events_pb2.EventEnvelope]]:
@@ -120,7 +120,7 @@ def scheduler_opener(address: str, token: str) -> StreamOpener:
     only, which loses nothing."""
     from boss.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-    channel = grpc.aio.insecure_channel(address)
+    channel = open_channel(address)
     stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
 
     async def open_stream(after: int) -> AsyncIterator[Sequence[events_pb2.EventEnvelope]]:
@@ -151,8 +151,9 @@ class ConversationsApp:
     # Outbox retention (services/shared/retention.py); None prunes nothing. `serve` sets it.
     retention: RetentionSettings | None = None
 
-    def host(self, listen: str) -> ServiceHost:
-        """The gRPC host with the sequencer and consumers as background tasks."""
+    def host(self, listen: str, tls: config.ServerTls | None = None) -> ServiceHost:
+        """The gRPC host with the sequencer and consumers as background tasks; `tls` is the
+        certificate to serve TLS with (None: plaintext)."""
         background: list[Callable[[], Awaitable[None]]] = [self.event_log.run_notifier]
         background += [consumer.run for consumer in self.consumers]
         probes = [
@@ -188,6 +189,7 @@ class ConversationsApp:
             on_stop=on_stop,
             readiness_check=self.database.ping,
             authority=self.servicer.authority,
+            tls=tls,
         )
 
     async def _load_revocations(self) -> None:
@@ -314,4 +316,4 @@ async def serve() -> None:
         device_presence=GrpcSchedulerPresence(config.service_address("scheduler"), token),
     )
     app.retention = RetentionSettings.from_environment()
-    await app.host(settings.listen).run()
+    await app.host(settings.listen, settings.tls).run()

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-import grpc
 from boss.common.v1 import events_pb2
 from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
 from boss.conversations.v1 import conversations_pb2, conversations_pb2_grpc
 from boss.scheduler.v1 import scheduler_pb2_grpc
 
+from boss_common.channels import open_channel
 from services.scheduler.adapters import tables
 from services.scheduler.domain.model import SchedulerSettings
 from services.scheduler.metrics import task_queue_probe
@@ -102,7 +102,7 @@ def budget_stream_opener(address: str, token: str) -> StreamOpener:
     `thread.context.updated` (the other budget events carry nothing the scheduler needs)."""
 
     async def open_stream(after_sequence: int) -> AsyncIterator[Sequence[events_pb2.EventEnvelope]]:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             stub = context_budget_pb2_grpc.ContextBudgetServiceStub(channel)
             call = stub.WatchEvents(
                 context_budget_pb2.WatchEventsRequest(
@@ -121,7 +121,7 @@ def conversations_stream_opener(address: str, token: str) -> StreamOpener:
     `task.requested` and `task.cancel_requested` (every owner's: a service token)."""
 
     async def open_stream(after_sequence: int) -> AsyncIterator[Sequence[events_pb2.EventEnvelope]]:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             stub = conversations_pb2_grpc.ConversationsServiceStub(channel)
             call = stub.WatchEvents(
                 conversations_pb2.WatchEventsRequest(
@@ -175,12 +175,14 @@ def build(
     conversations_address: str | None = None,
     task_settings: TaskSettings | None = None,
     retention: RetentionSettings | None = None,
+    tls: config.ServerTls | None = None,
 ) -> SchedulerApp:
     """Wires the scheduler (nothing starts until `host.run()` / `host.start()`). Tasks are created
     from conversations' stream only when `conversations_address` is given (serve() always gives
     it); `task_settings` default to the environment's (`task_settings_from_environment`);
     `retention` prunes the outbox behind its consumers (None: never; `serve` passes the
-    environment's settings, services/shared/retention.py)."""
+    environment's settings, services/shared/retention.py); `tls` is the certificate to serve TLS
+    with (None: plaintext; `serve` passes BOSS_TLS_CERT_FILE / BOSS_TLS_KEY_FILE's)."""
     database = Database.connect(database_url, schema)
     event_log = EventLog(database, tables.metadata)
     handlers = SchedulerHandlers(database, event_log, settings or settings_from_environment())
@@ -267,6 +269,7 @@ def build(
         on_stop=[database.dispose],
         readiness_check=database.ping,
         authority=authority,
+        tls=tls,
     )
     return SchedulerApp(database, event_log, handlers, consumer, host, tasks, task_consumer, task_listener)
 
@@ -285,6 +288,7 @@ async def serve() -> None:
         context_budget_address=config.service_address("context_budget"),
         conversations_address=config.service_address("conversations"),
         retention=RetentionSettings.from_environment(),
+        tls=service.tls,
     )
     instrument_engine(app.database.writer)
     await app.event_log.ensure_sequencer_row()

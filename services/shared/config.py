@@ -16,10 +16,14 @@
 | BOSS_METRICS_SAMPLE_SECONDS | 15 | time between two samples of the gauges (metrics.py) |
 | BOSS_RETENTION_* | see retention.py | how long history and outbox events are kept |
 | BOSS_DEFAULT_OWNER_ID | local | owner of threads registered without one (one person's installation) |
+| BOSS_TLS_CERT_FILE | (unset) | PEM certificate chain a gRPC service serves TLS with |
+| BOSS_TLS_KEY_FILE | (unset) | PEM private key of that certificate; neither variable set: plaintext |
+| BOSS_GRPC_TLS | off | the services' own channels use TLS (boss_common/channels.py) |
+| BOSS_TLS_CA_FILE | (unset) | PEM CA certificates those channels trust instead of the system's |
 
 Services are named `context_budget`, `scheduler`, `conversations` and `gateway`. What the worker
 reads as well (BOSS_DATA_DIR, BOSS_<SERVICE>_ADDRESS: `data_dir`, `service_address`) is defined in
-boss_common/config.py and used from here.
+boss_common/config.py and used from here; the channels' transport settings in boss_common/channels.py.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from __future__ import annotations
 import os
 import secrets
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from boss_common.channels import ChannelSecurity, ChannelSettingsError, read_pem
 from boss_common.config import DEFAULT_PORTS, data_dir, setting
 from boss_common.config import service_address as service_address  # the services import it from here
 
@@ -102,6 +107,44 @@ def auth_secret(create: bool = True) -> str:
     return secret
 
 
+TLS_CERT_FILE = "BOSS_TLS_CERT_FILE"
+TLS_KEY_FILE = "BOSS_TLS_KEY_FILE"
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """The certificate a gRPC server serves TLS with.
+
+    Attributes:
+        certificate_chain: PEM, the server's certificate first, then any intermediates.
+        private_key: PEM, the key of the first certificate (never shown in the repr).
+    """
+
+    certificate_chain: bytes = field(repr=False)
+    private_key: bytes = field(repr=False)
+
+    @classmethod
+    def from_files(cls, cert_file: str | Path, key_file: str | Path) -> ServerTls:
+        """Reads both PEM files. Raises ChannelSettingsError naming BOSS_TLS_CERT_FILE or
+        BOSS_TLS_KEY_FILE and the file when one is missing, unreadable or not PEM."""
+        return cls(
+            certificate_chain=read_pem(TLS_CERT_FILE, str(cert_file), "CERTIFICATE"),
+            private_key=read_pem(TLS_KEY_FILE, str(key_file), "PRIVATE KEY"),
+        )
+
+
+def server_tls() -> ServerTls | None:
+    """BOSS_TLS_CERT_FILE and BOSS_TLS_KEY_FILE read (`ServerTls.from_files`), or None (plaintext)
+    when neither is set. Raises ChannelSettingsError when only one is set or a file is bad."""
+    cert_file, key_file = setting(TLS_CERT_FILE), setting(TLS_KEY_FILE)
+    if cert_file is None and key_file is None:
+        return None
+    if cert_file is None or key_file is None:
+        given, missing = (TLS_CERT_FILE, TLS_KEY_FILE) if key_file is None else (TLS_KEY_FILE, TLS_CERT_FILE)
+        raise ChannelSettingsError(f"{given} is set but {missing} is not: set both (PEM files) or neither")
+    return ServerTls.from_files(cert_file, key_file)
+
+
 @dataclass(frozen=True)
 class ServiceSettings:
     """Everything one service process needs to start."""
@@ -111,14 +154,24 @@ class ServiceSettings:
     listen: str
     migrate_on_start: bool
     auth_secret: str
+    tls: ServerTls | None = None
+    """The certificate to serve TLS with; None listens in plaintext."""
 
     @classmethod
     def from_environment(cls, service: str) -> ServiceSettings:
-        """Reads the settings of `service` from the environment (see the module table)."""
+        """Reads the settings of `service` from the environment (see the module table), the
+        channels' transport settings included, so that a bad one stops the process at start.
+        Raises SystemExit naming the setting and the file when a TLS setting is wrong."""
+        try:
+            tls = server_tls()
+            ChannelSecurity.from_environment()
+        except ChannelSettingsError as error:
+            raise SystemExit(f"{service}: {error}") from None
         return cls(
             service=service,
             database_url=database_url(service),
             listen=listen_address(service),
             migrate_on_start=migrate_on_start(),
             auth_secret=auth_secret(),
+            tls=tls,
         )

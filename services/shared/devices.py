@@ -29,12 +29,12 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import grpc
 from boss.common.v1 import events_pb2
 from sqlalchemy import Column, MetaData, String, Table, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from boss_common.channels import open_channel
 from services.shared.errors import Unauthenticated
 from services.shared.sql_types import UtcDateTime
 from services.shared.time import utc_now
@@ -167,7 +167,7 @@ def device_events_opener(address: str, token: str, consumer: str = "") -> Stream
     from boss.conversations.v1 import conversations_pb2, conversations_pb2_grpc
 
     async def open_stream(after: int) -> AsyncIterator[Sequence[events_pb2.EventEnvelope]]:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             stub = conversations_pb2_grpc.ConversationsServiceStub(channel)
             call = stub.WatchEvents(
                 conversations_pb2.WatchEventsRequest(

@@ -25,6 +25,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from services.shared.auth import TokenAuthority
+from services.shared.config import ServerTls
 from services.shared.errors import BossError, grpc_status_of
 from services.shared.grpc_requests import UndecodableRequestInterceptor
 from services.shared.metrics import MetricsEndpoint, OpenStreamsInterceptor, metrics_listen_address
@@ -165,6 +166,8 @@ class ServiceHost:
             unreachable); polled every READINESS_INTERVAL_SECONDS by `run()`, see `watch_readiness`.
         authority: verifies the token of a call whose request cannot be decoded before it is
             refused as bad input (services/shared/grpc_requests.py); None: refused as bad input.
+        tls: the certificate to serve TLS with (ServiceSettings.tls: BOSS_TLS_CERT_FILE and
+            BOSS_TLS_KEY_FILE); None listens in plaintext.
     """
 
     name: str
@@ -177,6 +180,7 @@ class ServiceHost:
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     readiness_check: Callable[[], Awaitable[None]] | None = None
     authority: TokenAuthority | None = None
+    tls: ServerTls | None = None
 
     async def start(self) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
         """Runs `on_start`, builds and starts the server; returns it, its health servicer and the
@@ -196,7 +200,13 @@ class ServiceHost:
             server,
         )
         try:
-            port = server.add_insecure_port(self.listen)
+            if self.tls is None:
+                port = server.add_insecure_port(self.listen)
+            else:
+                credentials = grpc.ssl_server_credentials(
+                    [(self.tls.private_key, self.tls.certificate_chain)]
+                )
+                port = server.add_secure_port(self.listen, credentials)
         except RuntimeError as error:
             raise CannotListen(
                 f"{self.name} cannot listen on {self.listen}: {bind_problem(self.listen)}"
@@ -204,7 +214,7 @@ class ServiceHost:
         await server.start()
         for service_name in ("", *names):
             await health.set(service_name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("%s serving on %s", self.name, self.listen)
+        log.info("%s serving on %s (%s)", self.name, self.listen, "TLS" if self.tls else "plaintext")
         return server, health, port
 
     async def run(self, stop: asyncio.Event | None = None) -> None:

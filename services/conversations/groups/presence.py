@@ -15,6 +15,7 @@ from typing import Protocol
 
 import grpc
 
+from boss_common.channels import open_channel
 from services.conversations.groups.choice import UNKNOWN_PRESENCE, DevicePresence, Presence
 from services.shared.auth import bearer_metadata
 from services.shared.time import from_timestamp
@@ -66,7 +67,7 @@ class GrpcSchedulerPresence:
         if not wanted:
             return Presence({})
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._address)
+            self._channel = open_channel(self._address)
             self._owned = True
         stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
         try:
