@@ -32,6 +32,7 @@ from boss.conversations.v1 import conversations_pb2 as pb
 from boss.conversations.v1 import conversations_pb2_grpc as pb_grpc
 
 from boss_common import config
+from boss_common.channels import ChannelSettingsError, open_channel
 from boss_common.time import from_timestamp, isoformat_utc
 
 CREDENTIAL_FILE_NAME = "worker-credential.json"
@@ -124,9 +125,14 @@ async def enroll(
     channel: grpc.aio.Channel | None = None,
 ) -> Credential:
     """Trades `pairing_code` for this node's credential (EnrollDevice). Raises EnrollmentError with
-    the service's reason (a wrong, used or expired code; a node already enrolled; unreachable)."""
+    the service's reason (a wrong, used or expired code; a node already enrolled; unreachable), or
+    before any call when the transport settings would carry the code and the credential in plaintext
+    to another machine (boss_common/channels.py, `check_worker_transport`)."""
     own_channel = channel is None
-    active = channel or grpc.aio.insecure_channel(conversations_address)
+    try:
+        active = channel or open_channel(conversations_address, for_worker=True)
+    except ChannelSettingsError as error:
+        raise EnrollmentError(str(error)) from None
     try:
         response = await pb_grpc.ConversationsServiceStub(active).EnrollDevice(
             pb.EnrollDeviceRequest(

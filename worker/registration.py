@@ -28,6 +28,7 @@ from boss.conversations.v1 import conversations_pb2 as pb
 from boss.conversations.v1 import conversations_pb2_grpc as pb_grpc
 
 from boss_common.bearer import bearer_metadata
+from boss_common.channels import open_channel
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class ThreadRegistrar:
         """Registers one thread now; returns its project id. Raises grpc.aio.AioRpcError (e.g.
         PERMISSION_DENIED when the token belongs to another worker or node, UNAVAILABLE)."""
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._address)
+            self._channel = open_channel(self._address, for_worker=True)
         stub = pb_grpc.ConversationsServiceStub(self._channel)
         response = await stub.RegisterThread(
             pb.RegisterThreadRequest(

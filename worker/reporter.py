@@ -40,6 +40,7 @@ import grpc
 from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
 
 from boss_common.bearer import bearer_metadata
+from boss_common.channels import open_channel
 from boss_common.status_details import field_violations_of
 from boss_common.waiting import wait_until_set
 
@@ -385,7 +386,7 @@ class StreamReporter:
         """Open the channel and start the stream task (idempotent). Needs a running event loop."""
         if self._task is not None:
             return
-        self._channel = grpc.aio.insecure_channel(self._target, options=self._channel_options)
+        self._channel = open_channel(self._target, self._channel_options, for_worker=True)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="stream-reporter")
 
     def submit(self, snapshots: Iterable[Snapshot]) -> int:

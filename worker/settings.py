@@ -19,8 +19,12 @@ Resolved once at start from command-line values and the environment (defaults in
 | turn cap | --task-turn-cap | BOSS_WORKER_TASK_TURN_CAP, else 1,800 s |
 | turns run at once | --max-concurrent-tasks | BOSS_WORKER_MAX_CONCURRENT_TASKS, else 2 |
 | scheduler address (local agent) | | BOSS_SCHEDULER_ADDRESS, else 127.0.0.1:50052 |
+| TLS to the services | | BOSS_GRPC_TLS (system roots) or BOSS_TLS_CA_FILE (a PEM CA), else plaintext |
+| plaintext to a remote host | | BOSS_WORKER_ALLOW_PLAINTEXT, else refused (loopback is always allowed) |
 
-Errors are :class:`SettingsError` with a message meant for the person at the terminal.
+Errors are :class:`SettingsError` with a message meant for the person at the terminal. Every address
+the worker will call is checked at start (boss_common/channels.py, `check_worker_transport`): its
+credential is never sent in plaintext to another machine unless BOSS_WORKER_ALLOW_PLAINTEXT is on.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from boss_common import config
+from boss_common.channels import ChannelSecurity, ChannelSettingsError, check_worker_transport
 from worker.codex_sessions.follower import ARCHIVED_SESSIONS_SUBDIR, SESSIONS_SUBDIR, discover_rollout_files
 from worker.enrollment import Credential, EnrollmentError, credential_path, read_credential
 
@@ -288,6 +293,18 @@ def local_agent_settings(
     return settings if on else None
 
 
+def check_transport(addresses: Sequence[str], environ: Mapping[str, str]) -> None:
+    """Raises SettingsError, naming the setting to change, when the transport settings are wrong
+    or the worker would send its credential in plaintext to one of `addresses` on another machine
+    (`check_worker_transport`)."""
+    try:
+        security = ChannelSecurity.from_environment(environ)
+        for address in addresses:
+            check_worker_transport(address, security)
+    except ChannelSettingsError as error:
+        raise SettingsError(str(error)) from None
+
+
 def settings_from_arguments(
     *,
     codex_home: Path | None,
@@ -313,7 +330,9 @@ def settings_from_arguments(
     :func:`local_agent_settings`, and no local agent runs with `once`.
 
     Raises SettingsError for a missing Codex home (with `once`: one without any session), a
-    non-positive interval or timeout, no way to get a token, or a bad local-agent setting.
+    non-positive interval or timeout, no way to get a token, a bad local-agent setting, or a
+    transport that would carry the credential in plaintext to another machine (`check_transport`:
+    context_budget's address, and with no `once` the conversations and scheduler addresses too).
     """
     home = (codex_home.expanduser() if codex_home else default_codex_home(environ)).resolve()
     check_codex_home(home, require_sessions=once)
@@ -347,11 +366,14 @@ def settings_from_arguments(
         token = enrolled.worker_token
     resolved_worker = worker_id or (enrolled.worker_id if enrolled else f"worker-{host}")
     resolved_node = node_id or (enrolled.node_id if enrolled else host)
+    budget_address = context_budget_address or config.service_address("context_budget")
+    others = () if once else (config.service_address("conversations"), config.service_address("scheduler"))
+    check_transport((budget_address, *others), environ)
     return WorkerSettings(
         codex_home=home,
         worker_id=resolved_worker,
         node_id=resolved_node,
-        context_budget_address=context_budget_address or config.service_address("context_budget"),
+        context_budget_address=budget_address,
         token=resolve_token(token, environ),
         poll_interval_s=poll_interval_s,
         once=once,

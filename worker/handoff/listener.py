@@ -30,6 +30,7 @@ import grpc
 from boss.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from boss_common.bearer import bearer_metadata
+from boss_common.channels import open_channel
 from boss_common.reconnection import Reconnection
 from boss_common.time import to_timestamp
 from worker.codex_sessions.git_state import read_git_state
@@ -164,7 +165,7 @@ class HandoffWorker:
         while True:
             reconnection.attempt_started()
             try:
-                async with grpc.aio.insecure_channel(self.scheduler_address) as channel:
+                async with open_channel(self.scheduler_address, for_worker=True) as channel:
                     stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
                     call = stub.StreamWorkerCommands(
                         scheduler_pb2.StreamWorkerCommandsRequest(

@@ -51,6 +51,7 @@ from boss.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from google.protobuf.message import Message
 
 from boss_common.bearer import bearer_metadata
+from boss_common.channels import open_channel
 from boss_common.reconnection import Reconnection
 from boss_common.time import utc_now
 from boss_common.waiting import wait_until_set
@@ -184,7 +185,7 @@ class LocalAgent:
         """Claims and runs tasks until `stop` is set; then interrupts and finishes the running turns
         (see the module docstring), awaits `on_stopped` and returns. Never raises for scheduler
         failures."""
-        channel = self._channel or grpc.aio.insecure_channel(self._address, options=CHANNEL_OPTIONS)
+        channel = self._channel or open_channel(self._address, CHANNEL_OPTIONS, for_worker=True)
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         log.info(
             "local agent of %s on node %s: claiming tasks from %s with %d slot(s)",
