@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import ssl
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,12 +126,42 @@ class ServerTls:
 
     @classmethod
     def from_files(cls, cert_file: str | Path, key_file: str | Path) -> ServerTls:
-        """Reads both PEM files. Raises ChannelSettingsError naming BOSS_TLS_CERT_FILE or
-        BOSS_TLS_KEY_FILE and the file when one is missing, unreadable or not PEM."""
-        return cls(
-            certificate_chain=read_pem(TLS_CERT_FILE, str(cert_file), "CERTIFICATE"),
-            private_key=read_pem(TLS_KEY_FILE, str(key_file), "PRIVATE KEY"),
-        )
+        """Reads both PEM files and checks that they load as a certificate chain and its key (Python's
+        ssl module: gRPC itself would only refuse to listen, without saying why). Raises
+        ChannelSettingsError naming BOSS_TLS_CERT_FILE or BOSS_TLS_KEY_FILE and the file when one is
+        missing, unreadable or not PEM, or both when they do not load together (the key of another
+        certificate, a key protected by a passphrase: gRPC takes none)."""
+        certificate_chain = read_pem(TLS_CERT_FILE, str(cert_file), "CERTIFICATE")
+        private_key = read_pem(TLS_KEY_FILE, str(key_file), "PRIVATE KEY")
+        problem = _certificate_and_key_problem(Path(cert_file).expanduser(), Path(key_file).expanduser())
+        if problem is not None:
+            raise ChannelSettingsError(
+                f"{TLS_CERT_FILE} {cert_file} and {TLS_KEY_FILE} {key_file} are not a certificate and "
+                f"its private key: {problem}"
+            )
+        return cls(certificate_chain=certificate_chain, private_key=private_key)
+
+
+class _PassphraseNeeded(Exception):
+    """The private key is encrypted (ssl asked for its passphrase)."""
+
+
+def _refuse_passphrase() -> str:
+    raise _PassphraseNeeded
+
+
+def _certificate_and_key_problem(cert_file: Path, key_file: Path) -> str | None:
+    """Why `cert_file` and `key_file` do not load as a certificate chain and its key, or None."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert_file, key_file, password=_refuse_passphrase)
+    except _PassphraseNeeded:
+        return "the key is protected by a passphrase (decrypt it: openssl pkey -in KEY -out KEY.plain)"
+    except ssl.SSLError as error:
+        if error.reason == "KEY_VALUES_MISMATCH":
+            return "the key is another certificate's"
+        return f"one of them holds no valid certificate or key ({error})"
+    return None
 
 
 def server_tls() -> ServerTls | None:
