@@ -23,7 +23,7 @@ from sqlalchemy import select
 from services.context_budget.adapters.tables import thread_context_snapshots
 from services.context_budget.server import ContextBudgetService, build_service
 from services.shared.auth import TokenAuthority, bearer_metadata
-from services.shared.config import ServiceSettings
+from services.shared.config import ServerTls, ServiceSettings
 from worker.agent import WorkerAgent
 from worker.codex_sessions.follower import RolloutFollower
 from worker.reporter import StreamReporter
@@ -35,10 +35,13 @@ NODE_ID = "node-test-01"
 
 
 class ContextBudgetHarness:
-    """One context_budget service on a SQLite file that can be stopped and started on the same port."""
+    """One context_budget service on a SQLite file that can be stopped and started on the same port;
+    with `tls` it serves TLS (then read it back with `stored_snapshot_ids`: `thread_context` speaks
+    plaintext)."""
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, tls: ServerTls | None = None) -> None:
         self._database_url = database_url
+        self._tls = tls
         self.authority = TokenAuthority(SECRET)
         self.port = 0
         self.service: ContextBudgetService | None = None
@@ -59,6 +62,7 @@ class ContextBudgetHarness:
             listen=f"127.0.0.1:{self.port}",
             migrate_on_start=True,
             auth_secret=SECRET,
+            tls=self._tls,
         )
         service = build_service(settings)
         self.port = await service.start()
