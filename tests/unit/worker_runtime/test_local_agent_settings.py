@@ -159,7 +159,7 @@ def resolve(home: Path, **arguments: object) -> WorkerSettings:
         "token": "a-token",
         "poll_interval_s": 1.0,
         "once": False,
-        "environ": {},
+        "environ": {"BOSS_GRPC_TLS": "on"},  # the scheduler is on another machine: over TLS
     }
     values.update(arguments)
     return settings_from_arguments(**values)  # type: ignore[arg-type]
