@@ -81,7 +81,9 @@ cat <<EOF
 
 Installed: $boss_worker
 
-1. Edit $folder/worker.env: the addresses of your Boss deployment's services.
+1. Edit $folder/worker.env: the addresses of your Boss deployment's services and, when they are on
+   another machine, TLS (BOSS_GRPC_TLS=true, or BOSS_TLS_CA_FILE for your own CA): the worker
+   refuses to send its credential there in plaintext unless BOSS_WORKER_ALLOW_PLAINTEXT=true.
 2. Enroll this machine with a one-time pairing code from its owner (the console's Devices page, or
    \`python -m services.bff_gateway pairing-code --owner OWNER\` on the server):
      (set -a; . "$folder/worker.env"; set +a; "$boss_worker" enroll CODE)

@@ -111,7 +111,7 @@ def test_the_launchd_agent_runs_the_installed_boss_worker_with_the_settings_file
     assert agent["ExitTimeOut"] >= STOP_SECONDS
 
 
-def test_the_settings_file_names_the_deployments_addresses_and_the_data_folder() -> None:
+def test_the_settings_file_names_the_deployments_addresses_the_data_folder_and_the_transport() -> None:
     lines = (DEPLOY / "worker.env").read_text().splitlines()
     settings = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
 
@@ -125,3 +125,6 @@ def test_the_settings_file_names_the_deployments_addresses_and_the_data_folder()
     assert all(" " not in value and '"' not in value for value in settings.values())
     # the line the installer sets to the codex it finds on PATH
     assert sum(line.startswith("#BOSS_WORKER_CODEX_BIN=") for line in lines) == 1
+    # the transport settings a remote deployment needs, one of them to uncomment
+    for variable in ("BOSS_GRPC_TLS", "BOSS_TLS_CA_FILE", "BOSS_WORKER_ALLOW_PLAINTEXT"):
+        assert sum(line.startswith(f"#{variable}=") for line in lines) == 1, variable
