@@ -1,10 +1,12 @@
 """The worker reporting to the real context_budget service over TLS: a certificate for this machine
-signed by a test CA (tests/tls_support.py), trusted through BOSS_TLS_CA_FILE; clients that do not
-trust it, or speak plaintext, are refused; and the worker never sends its credential in plaintext to
-another machine unless told it may."""
+signed by a test CA (tests/tls_support.py), trusted through BOSS_TLS_CA_FILE, and a service
+following its events the same way; clients that do not trust it, or speak plaintext, are refused;
+and the worker never sends its credential in plaintext to another machine unless told it may."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from boss_common.channels import ChannelSettingsError, open_channel
+from services.scheduler.server import budget_stream_opener
 from services.shared.config import ServerTls
 from services.shared.time import utc_now
 from tests.integration.worker_runtime.support import (
@@ -112,6 +115,28 @@ async def test_a_worker_run_once_reports_over_tls(
 
     assert await run_worker(settings) == 0
     assert len(await tls_context_budget.stored_snapshot_ids()) >= 2
+
+
+async def test_a_service_follows_the_reported_events_over_tls(
+    tls_context_budget: ContextBudgetHarness, certificates: TlsFiles, clean_transport: pytest.MonkeyPatch
+) -> None:
+    clean_transport.setenv("BOSS_TLS_CA_FILE", str(certificates.ca))
+    reporter = RecordingReporter(tls_context_budget.address, tls_context_budget.worker_token())
+    reporter.start()
+    try:
+        reporter.submit([make_snapshot(f"thread-{index}") for index in range(3)])
+        assert await reporter.flush(10.0)
+    finally:
+        await reporter.close()
+    open_stream = budget_stream_opener(
+        tls_context_budget.address, tls_context_budget.authority.issue_service("scheduler")
+    )
+
+    async with contextlib.aclosing(open_stream(0)) as batches:
+        events = await asyncio.wait_for(anext(batches), 10.0)
+
+    assert {event.type for event in events} == {"thread.context.updated"}
+    assert {event.thread_id for event in events} == {"thread-0", "thread-1", "thread-2"}
 
 
 async def test_a_client_that_does_not_trust_the_ca_is_refused(
