@@ -18,6 +18,7 @@ trusts. Loopback stays plaintext-OK, so a one-machine installation needs no cert
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
@@ -185,6 +186,21 @@ def check_worker_transport(target: str, security: ChannelSecurity) -> None:
     )
 
 
+_VARIABLES = (TLS_SWITCH, CA_FILE, ALLOW_PLAINTEXT)
+
+
+def environment_security() -> ChannelSecurity:
+    """`ChannelSecurity.from_environment()` of this process, read once for each set of values of
+    the module table's variables: the CA file is not read again at every reconnection (so it cannot
+    fail halfway through a run; replace it, then restart). Raises ChannelSettingsError."""
+    return _security_of(tuple(os.environ.get(name, "") for name in _VARIABLES))
+
+
+@functools.lru_cache(maxsize=8)
+def _security_of(values: tuple[str, ...]) -> ChannelSecurity:
+    return ChannelSecurity.from_environment(dict(zip(_VARIABLES, values, strict=True)))
+
+
 def open_channel(
     target: str,
     options: Sequence[tuple[str, Any]] = (),
@@ -193,10 +209,10 @@ def open_channel(
     security: ChannelSecurity | None = None,
 ) -> grpc.aio.Channel:
     """A grpc.aio channel to `target` (host:port or a gRPC target such as dns:///x:50051) with
-    `options`, TLS or plaintext as `security` (default: the environment's) says. With `for_worker`,
-    `check_worker_transport` applies first. Call it inside the event loop that will use the channel.
-    Raises ChannelSettingsError."""
-    security = ChannelSecurity.from_environment() if security is None else security
+    `options`, TLS or plaintext as `security` (default: `environment_security()`) says. With
+    `for_worker`, `check_worker_transport` applies first. Call it inside the event loop that will
+    use the channel. Raises ChannelSettingsError."""
+    security = environment_security() if security is None else security
     if for_worker:
         check_worker_transport(target, security)
     credentials = security.credentials()

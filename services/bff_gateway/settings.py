@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from boss_common.channels import ChannelSecurity, ChannelSettingsError
+from boss_common.channels import ChannelSettingsError, environment_security
 from services.shared import config
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
@@ -59,7 +59,7 @@ class GatewaySettings:
         Raises SystemExit naming the setting when the channels' transport settings are wrong
         (BOSS_GRPC_TLS, BOSS_TLS_CA_FILE: boss_common/channels.py)."""
         try:
-            ChannelSecurity.from_environment()
+            environment_security()
         except ChannelSettingsError as error:
             raise SystemExit(f"gateway: {error}") from None
         return cls(

@@ -35,7 +35,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from boss_common.channels import ChannelSecurity, ChannelSettingsError, read_pem
+from boss_common.channels import ChannelSettingsError, environment_security, read_pem
 from boss_common.config import DEFAULT_PORTS, data_dir, setting
 from boss_common.config import service_address as service_address  # the services import it from here
 
@@ -195,7 +195,7 @@ class ServiceSettings:
         Raises SystemExit naming the setting and the file when a TLS setting is wrong."""
         try:
             tls = server_tls()
-            ChannelSecurity.from_environment()
+            environment_security()
         except ChannelSettingsError as error:
             raise SystemExit(f"{service}: {error}") from None
         return cls(

@@ -11,6 +11,7 @@ from boss_common.channels import (
     ChannelSecurity,
     ChannelSettingsError,
     check_worker_transport,
+    environment_security,
     is_loopback,
     target_hosts,
 )
@@ -146,3 +147,21 @@ def test_a_worker_may_use_plaintext_on_loopback_tls_anywhere_or_when_allowed() -
     check_worker_transport("127.0.0.1:50051", ChannelSecurity())
     check_worker_transport("grpc.boss.example:443", ChannelSecurity(tls=True))
     check_worker_transport("10.0.0.5:50051", ChannelSecurity(allow_plaintext_remote=True))
+
+
+def test_a_process_reads_its_ca_file_once_for_each_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(PEM_CERTIFICATE)
+    monkeypatch.delenv("BOSS_GRPC_TLS", raising=False)
+    monkeypatch.delenv("BOSS_WORKER_ALLOW_PLAINTEXT", raising=False)
+    monkeypatch.setenv("BOSS_TLS_CA_FILE", str(ca))
+
+    first = environment_security()
+    ca.unlink()  # a reconnection does not read it again, so it cannot fail halfway through a run
+
+    assert environment_security() is first
+    monkeypatch.setenv("BOSS_TLS_CA_FILE", str(tmp_path / "other.pem"))
+    with pytest.raises(ChannelSettingsError, match="BOSS_TLS_CA_FILE: cannot read"):
+        environment_security()
