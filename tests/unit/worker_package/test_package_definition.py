@@ -29,7 +29,13 @@ STOP_SECONDS = LOCAL_AGENT_STOP_TIMEOUT_S + DEFAULT_FLUSH_TIMEOUT_S
 
 
 def declared() -> dict[str, Requirement]:
-    return {canonicalize_name(Requirement(text).name): Requirement(text) for text in PROJECT["dependencies"]}
+    """The package's dependencies and those of its extras (`tracing`: OpenTelemetry, imported only
+    when a node traces, boss_common/tracing.py)."""
+    extras = [text for texts in PROJECT.get("optional-dependencies", {}).values() for text in texts]
+    return {
+        canonicalize_name(Requirement(text).name): Requirement(text)
+        for text in [*PROJECT["dependencies"], *extras]
+    }
 
 
 def imported_modules(package: str) -> dict[str, str]:
@@ -51,6 +57,19 @@ def imported_modules(package: str) -> dict[str, str]:
 def test_the_package_is_named_versioned_and_started_as_boss_worker() -> None:
     assert (PROJECT["name"], PROJECT["version"]) == ("boss-worker", "0.1.0")
     assert PROJECT["scripts"] == {"boss-worker": "worker.__main__:main"}
+
+
+def test_only_the_tracing_extra_adds_opentelemetry() -> None:
+    assert {canonicalize_name(Requirement(text).name) for text in PROJECT["dependencies"]} == {
+        "grpcio",
+        "protobuf",
+        "googleapis-common-protos",
+        "zstandard",
+    }
+    assert {
+        extra: {canonicalize_name(Requirement(text).name) for text in texts}
+        for extra, texts in PROJECT["optional-dependencies"].items()
+    } == {"tracing": {"opentelemetry-sdk", "opentelemetry-exporter-otlp"}}
 
 
 def test_dependencies_are_pinned_as_in_requirements_txt() -> None:
