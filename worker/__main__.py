@@ -20,6 +20,8 @@ this node's chat tasks from the scheduler and runs each as a real `codex exec re
 them as interrupted before the worker exits. With `--once` it reads everything, reports each
 thread's latest state, waits for the acks and exits: 0 when every snapshot was acknowledged, 1 when
 not (server unreachable, rejections). Configuration errors exit with 2 and one line on stderr.
+With OTEL_EXPORTER_OTLP_ENDPOINT set (and the package's `tracing` extra installed), `run` exports a
+span per report over OTLP (worker/reporter.py, "Traces").
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from boss_common.logging_setup import configure_logging
+from boss_common.tracing import enable_otlp_from_environment
 from worker.agent import run_worker
 from worker.enrollment import (
     EnrollmentError,
@@ -220,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as error:
         sys.stderr.write(f"worker: {error}\n")
         return EXIT_CONFIGURATION_ERROR
+    enable_otlp_from_environment("worker")
     return asyncio.run(_run(settings))
 
 

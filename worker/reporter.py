@@ -22,6 +22,11 @@ a thread is kept, plus *milestones* (snapshots whose worker level or compaction_
 thread's previous snapshot), at most MAX_MILESTONES_PER_THREAD of them (oldest dropped first). A newer
 snapshot replaces a waiting older non-milestone one; an older non-milestone already in flight is
 dropped instead of re-sent if its stream fails. Memory is therefore O(threads x (1 + milestones)).
+
+Traces: when tracing is on in the process (boss_common/tracing.py), every snapshot taken into the
+buffer gets a "report thread context" span (attributes thread_id, snapshot_id), and the snapshot
+carries its W3C context (`trace_context`), per snapshot because one message carries many: the
+spans context_budget and the services after it make for the report join or link to its trace.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from boss.context_budget.v1 import context_budget_pb2, context_budget_pb2_grpc
 from boss_common.bearer import bearer_metadata
 from boss_common.channels import open_channel
 from boss_common.status_details import field_violations_of
+from boss_common.tracing import context_of, tracing_enabled
 from boss_common.waiting import wait_until_set
 
 log = logging.getLogger(__name__)
@@ -390,11 +396,15 @@ class StreamReporter:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="stream-reporter")
 
     def submit(self, snapshots: Iterable[Snapshot]) -> int:
-        """Queue snapshots for delivery; returns how many were new (already unacked ones are skipped)."""
+        """Queue snapshots for delivery; returns how many were new (already unacked ones are skipped).
+        Each new one gets its report span when tracing is on (module docstring)."""
         added = 0
+        tracing = tracing_enabled()
         for snapshot in snapshots:
             if self._buffer.add(snapshot):
                 added += 1
+                if tracing:
+                    trace_report(snapshot)
         if added:
             self.stats.submitted += added
             self._drained.clear()
@@ -645,6 +655,20 @@ class StreamReporter:
                 failures,
                 len(self._buffer),
             )
+
+
+def trace_report(snapshot: Snapshot) -> None:
+    """Records the "report thread context" span of `snapshot` and writes its W3C context into the
+    snapshot's `trace_context` (replacing the one of an earlier report of the same snapshot)."""
+    from opentelemetry import trace
+
+    span = trace.get_tracer("boss.worker").start_span(
+        "report thread context",
+        attributes={"thread_id": snapshot.thread_id, "snapshot_id": snapshot.snapshot_id},
+    )
+    snapshot.trace_context.clear()
+    context_of(span, snapshot.trace_context)
+    span.end()
 
 
 def grpc_code_name(code: int) -> str:
