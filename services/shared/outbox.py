@@ -169,7 +169,10 @@ class CursorMove:
 
 @dataclass(frozen=True)
 class NewEvent:
-    """An event to publish: `type` as in SPEC (e.g. "thread.context.updated"), a JSON-able payload."""
+    """An event to publish: `type` as in SPEC (e.g. "thread.context.updated"), a JSON-able payload.
+    `trace_context`: the W3C trace context the event carries when it is not the appending
+    transaction's current one (e.g. the span of the one report, among a batch's many, that caused
+    it); None, the usual case, takes the current one."""
 
     type: str
     payload: dict[str, Any]
@@ -177,6 +180,7 @@ class NewEvent:
     project_id: str = ""
     node_id: str = ""
     occurred_at: datetime = field(default_factory=utc_now)
+    trace_context: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -212,10 +216,16 @@ def _stored_event(row: Sequence[Any], decode: bool) -> StoredEvent:
     )
 
 
+def _trace_json(event: NewEvent, current: str) -> str:
+    """The stored trace context of an appended event: its own, or else `current` (JSON text)."""
+    return current if event.trace_context is None else json.dumps(event.trace_context)
+
+
 def _sequenced(
     last: int, pending: list[NewEvent], payloads: list[str], trace_context: dict[str, str]
 ) -> list[StoredEvent]:
-    """The appended events as stored: numbered from `last` + 1 (payloads left as JSON text)."""
+    """The appended events as stored: numbered from `last` + 1 (payloads left as JSON text), with
+    their own trace context or else `trace_context`."""
     return [
         StoredEvent(
             sequence=last + position,
@@ -225,7 +235,7 @@ def _sequenced(
             project_id=event.project_id,
             node_id=event.node_id,
             payload={},
-            trace_context=trace_context,
+            trace_context=trace_context if event.trace_context is None else event.trace_context,
             payload_json=body,
         )
         for position, (event, body) in enumerate(zip(pending, payloads, strict=True), start=1)
@@ -297,7 +307,8 @@ class EventLog:
         stored (sequence, payload JSON text, trace context), for `kick()` after the commit.
 
         Takes the sequencer row lock until the caller's transaction ends (see the module docstring)
-        and captures the current trace context. On PostgreSQL a small append is one statement (the
+        and captures the current trace context, which every event without its own
+        (`NewEvent.trace_context`) carries. On PostgreSQL a small append is one statement (the
         sequencer UPDATE numbering an INSERT from one JSON array of the events, `json_to_recordset`:
         one round trip instead of three, and one parameter, cheaper to adapt than an array per
         column) and a large one (COPY_THRESHOLD events or more) an UPDATE ... RETURNING and one
@@ -349,7 +360,16 @@ class EventLog:
         if last is None:
             raise RuntimeError("outbox_sequencer has no row: apply the service's migrations")
         rows = [
-            (int(last) + i, e.type, e.occurred_at, e.thread_id, e.project_id, e.node_id, body, trace_json)
+            (
+                int(last) + i,
+                e.type,
+                e.occurred_at,
+                e.thread_id,
+                e.project_id,
+                e.node_id,
+                body,
+                _trace_json(e, trace_json),
+            )
             for i, (e, body) in enumerate(zip(pending, payloads, strict=True), start=1)
         ]
         if postgres:
@@ -393,9 +413,10 @@ class EventLog:
             "RETURNING last_sequence - %(count)s AS base) "
             f"INSERT INTO {events} ({', '.join(_EVENT_COLUMNS)}) "
             "SELECT advanced.base + item.position, item.event_type, item.occurred_at, item.thread_id, "
-            "item.project_id, item.node_id, item.payload_json, %(trace)s FROM advanced, "
-            "json_to_recordset(%(items)s::json) AS item(position int, event_type text, "
-            "occurred_at timestamptz, thread_id text, project_id text, node_id text, payload_json text) "
+            "item.project_id, item.node_id, item.payload_json, COALESCE(item.trace_context_json, %(trace)s) "
+            "FROM advanced, json_to_recordset(%(items)s::json) AS item(position int, event_type text, "
+            "occurred_at timestamptz, thread_id text, project_id text, node_id text, payload_json text, "
+            "trace_context_json text) "
             f"RETURNING sequence{returned}"
         )
         items = [
@@ -410,6 +431,9 @@ class EventLog:
             }
             for position, (event, body) in enumerate(zip(pending, payloads, strict=True), start=1)
         ]
+        for item, event in zip(items, pending, strict=True):
+            if event.trace_context is not None:  # else the statement's %(trace)s
+                item["trace_context_json"] = json.dumps(event.trace_context)
         rows = await run_driver_sql(
             connection,
             statement,

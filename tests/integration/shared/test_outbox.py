@@ -8,11 +8,14 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+from opentelemetry import trace
 from sqlalchemy import MetaData
 
+from boss_common.tracing import context_of
 from services.shared.db import Database
-from services.shared.outbox import EventLog, NewEvent, StoredEvent, define_outbox_tables
+from services.shared.outbox import COPY_THRESHOLD, EventLog, NewEvent, StoredEvent, define_outbox_tables
 from tests.conftest import DatabaseTarget
+from tests.tracing_support import recorded_spans
 
 
 async def open_log(target: DatabaseTarget) -> tuple[Database, EventLog]:
@@ -269,5 +272,30 @@ async def test_end_followers_ends_a_waiting_follow_after_what_it_read(
         assert seen == ["a", "b"]
         later = [run async for run in event_log.follow_batches(0)]
         assert later == []
+    finally:
+        await database.dispose()
+
+
+async def test_an_event_carries_its_own_trace_context_or_the_transactions(
+    database_target: DatabaseTarget,
+) -> None:
+    """`NewEvent.trace_context` is stored and returned as given; the other events of the append
+    carry the transaction's current one, in a one-statement append and a COPY-sized one alike."""
+    database, event_log = await open_log(database_target)
+    own = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    tracer = trace.get_tracer("test")
+    try:
+        with recorded_spans(), tracer.start_as_current_span("transaction") as span:
+            current = dict(context_of(span))
+            for size in (2, COPY_THRESHOLD + 1):
+                async with database.transaction() as connection:
+                    appended = await event_log.append(
+                        connection,
+                        [NewEvent("test.own", {}, trace_context=own)]
+                        + [NewEvent("test.current", {}) for _ in range(size - 1)],
+                    )
+                stored = await event_log.read_after(appended[0].sequence - 1)
+                for events in (appended, stored):
+                    assert [event.trace_context for event in events] == [own] + [current] * (size - 1)
     finally:
         await database.dispose()
