@@ -6,18 +6,26 @@ Commands: `ingest` (ReportThreadContext, from the batcher), `acknowledge_alert`,
 appended to the outbox inside the command's transaction and the sequencer is kicked after the commit
 (domain/events.py documents the payloads). `apply_conversations_events` follows the conversations
 service's thread moves and device revocations (services/shared/devices.py).
+
+Traces (when tracing is on): `ingest` gives every snapshot of a batch an "ingest snapshot" span, a
+child of the report's span when the snapshot carries its context (else a trace of its own), ended
+after the commit; the events a snapshot causes carry that span's context, so what follows them
+(the consumers' batch spans, the gateway's SSE deliveries) links to the report's trace although
+one transaction holds many reports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from boss_common.tracing import context_of, parent_of, tracing_enabled
 from services.context_budget.adapters.repository import SqlAlchemyContextRepository
 from services.context_budget.domain import alerts as alert_rules
 from services.context_budget.domain import events as ev
@@ -52,7 +60,9 @@ class ThreadContextView:
     open_alerts: list[Alert]
 
 
-def _new_event(draft: ev.EventDraft, occurred_at: datetime) -> NewEvent:
+def _new_event(
+    draft: ev.EventDraft, occurred_at: datetime, trace_context: dict[str, str] | None = None
+) -> NewEvent:
     return NewEvent(
         draft.type,
         draft.payload,
@@ -60,7 +70,60 @@ def _new_event(draft: ev.EventDraft, occurred_at: datetime) -> NewEvent:
         project_id=draft.project_id,
         node_id=draft.node_id,
         occurred_at=occurred_at,
+        trace_context=trace_context,
     )
+
+
+class _IngestSpans:
+    """The "ingest snapshot" span of every snapshot of a batch (module docstring, "Traces")."""
+
+    def __init__(self, snapshots: Sequence[Snapshot]) -> None:
+        from opentelemetry import trace
+        from opentelemetry.context import Context
+
+        tracer = trace.get_tracer(__name__)
+        # Never the batcher task's own context: that is the call that happened to start it.
+        self._spans = {
+            id(snapshot): tracer.start_span(
+                "ingest snapshot",
+                context=parent_of(snapshot.trace_context) if snapshot.trace_context else Context(),
+                attributes={"thread_id": snapshot.thread_id, "snapshot_id": snapshot.snapshot_id},
+            )
+            for snapshot in snapshots
+        }
+        self._contexts: dict[int, dict[str, str]] = {}
+
+    def context_of(self, snapshot: Snapshot) -> dict[str, str]:
+        """The trace context the events of `snapshot` carry."""
+        key = id(snapshot)
+        if key not in self._contexts:
+            self._contexts[key] = dict(context_of(self._spans[key]))
+        return self._contexts[key]
+
+    def end(self, error: BaseException | None) -> None:
+        """Ends every span, marked failed with `error` when the batch was not stored."""
+        from opentelemetry.trace import Status, StatusCode
+
+        for span in self._spans.values():
+            if error is not None:
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+            span.end()
+
+
+@contextlib.contextmanager
+def _ingest_spans(snapshots: Sequence[Snapshot]) -> Iterator[_IngestSpans | None]:
+    """The batch's ingest spans when tracing is on (None when off), ended when the block ends."""
+    if not tracing_enabled():
+        yield None
+        return
+    spans = _IngestSpans(snapshots)
+    try:
+        yield spans
+    except BaseException as error:
+        spans.end(error)
+        raise
+    spans.end(None)
 
 
 class ContextBudgetHandlers:
@@ -102,6 +165,10 @@ class ContextBudgetHandlers:
         Raises:
             sqlalchemy.exc.SQLAlchemyError: the transaction failed; nothing was stored.
         """
+        with _ingest_spans(snapshots) as spans:
+            return await self._ingest(snapshots, spans)
+
+    async def _ingest(self, snapshots: Sequence[Snapshot], spans: _IngestSpans | None) -> list[IngestOutcome]:
         repository = self._repository
         thread_ids = {snapshot.thread_id for snapshot in snapshots}
         async with self._database.transaction() as connection:
@@ -128,13 +195,15 @@ class ContextBudgetHandlers:
                 for alert in await repository.resolve_alerts(connection, plan.resolve_alert_ids, now)
             }
             events: list[NewEvent] = []
-            for planned in plan.events:
+            for planned, source in zip(plan.events, plan.event_sources, strict=True):
+                trace_context = spans.context_of(source) if spans is not None else None
                 if isinstance(planned, ExistingAlertResolved):
                     alert = resolved.get(planned.alert_id)
                     if alert is not None:
-                        events.append(_new_event(ev.alert_changed_event(alert, planned.node_id), now))
+                        draft = ev.alert_changed_event(alert, planned.node_id)
+                        events.append(_new_event(draft, now, trace_context))
                 else:
-                    events.append(_new_event(planned, now))
+                    events.append(_new_event(planned, now, trace_context))
             appended = await self._events.append(connection, events, carrying=readings)
         if appended:
             self._events.kick(appended)

@@ -23,6 +23,9 @@ UNAVAILABLE/INTERNAL when its batch could not be stored) and the stream stays op
 snapshot gets one error ack, a message with more than 1,000 one error ack per snapshot.
 
 Events served by WatchEvents and their JSON payloads are documented in domain/events.py.
+
+When tracing is on, a snapshot's `trace_context` (the worker's report span) goes with it to the
+handlers, whose "ingest snapshot" span continues the report's trace (handlers.py, "Traces").
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import grpc
 from boss.context_budget.v1 import context_budget_pb2 as pb
 from boss.context_budget.v1 import context_budget_pb2_grpc as pb_grpc
 
+from boss_common.tracing import tracing_enabled
 from services.context_budget.adapters.protobuf import (
     ALERT_STATUSES_BY_NUMBER,
     ack_message,
@@ -103,6 +107,12 @@ def _discard_outcome(future: asyncio.Future[list[IngestOutcome]]) -> None:
         future.exception()
 
 
+def _carry_trace_context(snapshot: Snapshot, message: pb.ThreadContextSnapshot) -> None:
+    """Hands the report's trace context, if it has one, to the handlers (call when tracing is on)."""
+    if message.trace_context:
+        snapshot.trace_context = dict(message.trace_context)
+
+
 def _require_id(value: str, field: str) -> None:
     violations: list[FieldViolation] = []
     check_identifier(value, field, violations, required=True)
@@ -151,6 +161,8 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         )
         principal.require_worker(snapshot.worker_id, snapshot.node_id)
         snapshot.owner_id = principal.owner_id
+        if tracing_enabled():
+            _carry_trace_context(snapshot, request.snapshot)
         (outcome,) = await self._batcher.submit([snapshot])
         if outcome.error is not None:
             raise outcome.error
@@ -241,6 +253,7 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
             rejected = [rejected_ack(message, status) for message in snapshots]
             return _PendingMessage(request.batch_id, snapshots, list(rejected), [], None)
         now = self._handlers.clock()
+        tracing = tracing_enabled()
         valid: list[Snapshot] = []
         positions: list[int] = []
         for index, message in enumerate(snapshots):
@@ -253,6 +266,8 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
                 acks[index] = rejected_ack(message, error.to_status())
                 continue
             snapshot.owner_id = principal.owner_id
+            if tracing:
+                _carry_trace_context(snapshot, message)
             valid.append(snapshot)
             positions.append(index)
         future = None

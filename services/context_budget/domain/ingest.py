@@ -137,6 +137,8 @@ class IngestPlan:
         new_alerts: alerts opened in this batch, in their final status (possibly resolved already).
         resolve_alert_ids: alerts stored before this batch that must be resolved now.
         events: events in order; ExistingAlertResolved entries are filled in by the writer.
+        event_sources: the snapshot each of `events` follows from, at the same positions (the
+            writer gives an event its snapshot's trace context).
         outcomes: one per input snapshot, in input order.
     """
 
@@ -145,6 +147,7 @@ class IngestPlan:
     new_alerts: list[Alert] = field(default_factory=list)
     resolve_alert_ids: list[str] = field(default_factory=list)
     events: list[PlannedEvent] = field(default_factory=list)
+    event_sources: list[Snapshot] = field(default_factory=list)
     outcomes: list[IngestOutcome] = field(default_factory=list)
 
 
@@ -225,6 +228,8 @@ class _Planner:
         if level_changed:
             events.append(ev.level_changed_event(state, previous_level))
         events.extend(follow_ups)
+        sources = self.plan.event_sources
+        sources.extend([snapshot] * (len(events) - len(sources)))
         return state
 
 

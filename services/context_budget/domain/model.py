@@ -130,6 +130,8 @@ class Snapshot:
         compaction_limit_source: where L came from, None when the worker did not say.
         awaiting_reading_after_compaction: Codex compacted after the thread's last reading and has
             not answered since ("compacted, waiting for the first reading"; T is 0 then).
+        trace_context: the W3C trace context the report carried, when tracing is on (transport,
+            not part of the reading: neither stored nor compared; handlers.py, "ingest snapshot").
     """
 
     snapshot_id: str
@@ -158,6 +160,7 @@ class Snapshot:
     owner_id: str = ""
     compaction_limit_source: CompactionLimitSource | None = None
     awaiting_reading_after_compaction: bool = False
+    trace_context: dict[str, str] | None = None
 
     @property
     def order_key(self) -> tuple[datetime, int]:

@@ -514,3 +514,31 @@ def test_a_compaction_awaiting_its_first_reading_resolves_the_critical_alert_and
     assert isinstance(updated, ev.EventDraft)
     assert updated.payload["awaiting_reading_after_compaction"] is True
     assert updated.payload["master_actions"] == ["refresh_stage_summary"]
+
+
+def test_every_planned_event_names_the_snapshot_it_follows_from() -> None:
+    """`event_sources` (where the writer takes each event's trace context from) pairs every event
+    with its snapshot, across threads and several snapshots of one thread in a batch."""
+    first = make_snapshot(snapshot_id="a1", thread_id="thread-a", context_budget_remaining_pct=80)
+    second = make_snapshot(snapshot_id="b1", thread_id="thread-b", context_budget_remaining_pct=30)
+    third = make_snapshot(
+        snapshot_id="a2", thread_id="thread-a", snapshot_version=2, context_budget_remaining_pct=50
+    )
+    duplicate = make_snapshot(snapshot_id="a1", thread_id="thread-a", context_budget_remaining_pct=80)
+    result = plan([first, second, third, duplicate])
+
+    assert len(result.event_sources) == len(result.events)
+    assert [
+        (source.snapshot_id, event.type)
+        for source, event in zip(result.event_sources, result.events, strict=True)
+        if isinstance(event, ev.EventDraft)
+    ] == [
+        ("a1", ev.THREAD_CONTEXT_UPDATED),
+        ("a1", ev.THREAD_CONTEXT_LEVEL_CHANGED),
+        ("b1", ev.THREAD_CONTEXT_UPDATED),
+        ("b1", ev.THREAD_CONTEXT_LEVEL_CHANGED),
+        ("b1", ev.THREAD_CONTEXT_ALERT_CHANGED),
+        ("a2", ev.THREAD_CONTEXT_UPDATED),
+        ("a2", ev.THREAD_CONTEXT_LEVEL_CHANGED),
+        ("a2", ev.THREAD_CONTEXT_ALERT_CHANGED),
+    ]
