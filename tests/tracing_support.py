@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -28,3 +28,14 @@ def recorded_spans() -> Iterator[InMemorySpanExporter]:
 def spans_named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
     """The finished spans called `name`, in the order they ended."""
     return [span for span in exporter.get_finished_spans() if span.name == name]
+
+
+def ids_of(trace_context: Mapping[str, str]) -> tuple[int, int]:
+    """(trace id, span id) a carried W3C trace context names."""
+    _version, trace_id, span_id, _flags = trace_context["traceparent"].split("-")
+    return int(trace_id, 16), int(span_id, 16)
+
+
+def ids(span: ReadableSpan) -> tuple[int, int]:
+    """(trace id, span id) of a finished span."""
+    return span.context.trace_id, span.context.span_id

@@ -17,6 +17,11 @@ responses carry runs of up to 500 events (what one read of its outbox found), so
 falls behind receives big runs and its batches grow by themselves; an idle one applies a new event
 almost at once. (Waiting a millisecond or more for further events, as an earlier version did on a
 busy stream, only added latency once responses carried runs: bench/RESULTS.md.)
+
+Traces (when tracing is on, boss_common/tracing.py): each batch is applied inside an
+"apply <stream_name> events" span that starts a trace of its own and links to every distinct trace
+context its events carry (at most `MAX_SPAN_LINKS`); the events the batch publishes carry that
+span's context (the outbox captures the current one), so the next consumer links on.
 """
 
 from __future__ import annotations
@@ -33,10 +38,13 @@ from datetime import datetime
 import grpc
 import orjson
 from boss.common.v1 import events_pb2
+from opentelemetry import trace
+from opentelemetry.context import Context
 from sqlalchemy import Table, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from boss_common.reconnection import Reconnection
+from boss_common.tracing import link_to, tracing_enabled
 from services.shared.db import Database
 from services.shared.outbox import CursorMove, EventLog, NewEvent, StoredEvent
 from services.shared.sql_types import CarriedWrites
@@ -46,6 +54,8 @@ log = logging.getLogger(__name__)
 
 # How many times an idle consumer yields to the event loop while that still grows its batch.
 SETTLE_YIELDS = 8
+# Most links a batch span makes to the traces of its events (module docstring, "Traces").
+MAX_SPAN_LINKS = 64
 
 
 def to_envelope(event: StoredEvent) -> events_pb2.EventEnvelope:
@@ -143,6 +153,7 @@ class EventConsumer:
         self._event_log = event_log
         self._batch_size = batch_size
         self._after_commit = after_commit
+        self._handler_name = getattr(handle, "__qualname__", type(handle).__name__)
         self.last_sequence = 0
         self.batches_applied = 0
         self.applied = asyncio.Condition()
@@ -194,16 +205,33 @@ class EventConsumer:
         fresh = [event for event in batch if event.sequence > self.last_sequence]
         self._in_flight = fresh
         try:
-            while fresh:
-                try:
-                    await self._apply_fresh(fresh)
-                    return
-                except _AppliedElsewhere as moved:
-                    async with self.applied:
-                        self.last_sequence = max(self.last_sequence, moved.cursor)
-                    fresh = [event for event in fresh if event.sequence > moved.cursor]
+            with self._batch_span(fresh):
+                while fresh:
+                    try:
+                        await self._apply_fresh(fresh)
+                        return
+                    except _AppliedElsewhere as moved:
+                        async with self.applied:
+                            self.last_sequence = max(self.last_sequence, moved.cursor)
+                        fresh = [event for event in fresh if event.sequence > moved.cursor]
         finally:
             self._in_flight = []
+
+    def _batch_span(self, events: list[StoredEvent]) -> contextlib.AbstractContextManager[object]:
+        """The current span while a batch is applied (module docstring, "Traces"); nothing when
+        tracing is off or the batch is empty."""
+        if not events or not tracing_enabled():
+            return contextlib.nullcontext()
+        return trace.get_tracer(__name__).start_as_current_span(
+            f"apply {self.stream_name} events",
+            context=Context(),
+            links=links_to_traces_of(events),
+            attributes={
+                "messaging.destination.name": self.stream_name,
+                "messaging.batch.message_count": len(events),
+                "code.function.name": self._handler_name,
+            },
+        )
 
     async def _apply_fresh(self, fresh: list[StoredEvent]) -> None:
         """`apply` for events past the in-memory cursor. Raises _AppliedElsewhere (after rolling
@@ -345,6 +373,23 @@ class EventConsumer:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
+
+
+def links_to_traces_of(events: Sequence[StoredEvent]) -> list[trace.Link]:
+    """A link to each distinct trace context the events carry, in order, at most MAX_SPAN_LINKS."""
+    links: list[trace.Link] = []
+    seen: set[str] = set()
+    for event in events:
+        parent = event.trace_context.get("traceparent")
+        if not parent or parent in seen:
+            continue
+        seen.add(parent)
+        link = link_to(event.trace_context)
+        if link is not None:
+            links.append(link)
+            if len(links) >= MAX_SPAN_LINKS:
+                break
+    return links
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,8 @@ from boss.context_budget.v1 import context_budget_pb2_grpc as pb_grpc
 from services.context_budget.server import ContextBudgetService
 from tests.integration.context_budget.conftest import Tokens
 from tests.integration.context_budget.support import auth, snapshot
-from tests.tracing_support import recorded_spans, spans_named
+from tests.tracing_support import ids, ids_of, recorded_spans, spans_named
 from worker.reporter import trace_report
-
-
-def span_ids(traceparent: str) -> tuple[int, int]:
-    """(trace id, span id) of a W3C traceparent."""
-    _version, trace_id, span_id, _flags = traceparent.split("-")
-    return int(trace_id, 16), int(span_id, 16)
 
 
 async def test_each_report_of_a_message_gets_its_own_ingest_span_and_events(
@@ -48,8 +42,5 @@ async def test_each_report_of_a_message_gets_its_own_ingest_span_and_events(
     assert events
     for event in events:
         ingest = ingested[event.thread_id]
-        assert span_ids(event.trace_context["traceparent"]) == (
-            ingest.context.trace_id,
-            ingest.context.span_id,
-        )
+        assert ids_of(event.trace_context) == ids(ingest)
     assert {event.thread_id for event in events} == set(ingested)

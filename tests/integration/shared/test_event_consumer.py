@@ -9,13 +9,16 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 from boss.common.v1 import events_pb2
+from opentelemetry import trace
 from sqlalchemy import MetaData
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from boss_common.tracing import context_of
 from services.shared.db import Database
 from services.shared.event_stream import EventConsumer
-from services.shared.outbox import NewEvent, StoredEvent, define_outbox_tables
+from services.shared.outbox import EventLog, NewEvent, StoredEvent, define_outbox_tables
 from tests.conftest import DatabaseTarget
+from tests.tracing_support import ids, ids_of, recorded_spans, spans_named
 
 # Events per upstream response: neither a divisor nor a multiple of the consumer's batch size (200).
 RUN = 70
@@ -170,3 +173,62 @@ async def test_a_batch_partly_applied_by_another_process_is_applied_from_where_t
     else:
         assert applied_by_second == [[4, 5]]
     assert second.last_sequence == 5
+
+
+async def test_a_traced_batch_links_to_its_events_traces_and_passes_its_own_on(
+    database_target: DatabaseTarget,
+) -> None:
+    """With tracing on, a batch is applied in one span of its own that links to each distinct
+    trace its events carry (once each), and the events it publishes carry that span's context."""
+    metadata = MetaData()
+    _events, _sequencer, cursors = define_outbox_tables(metadata)
+    database = Database.connect(database_target.url, database_target.schema or "unused")
+    async with database.transaction() as connection:
+        await connection.run_sync(metadata.create_all)
+    event_log = EventLog(database, metadata)
+    await event_log.ensure_sequencer_row()
+
+    async def echo(_connection: AsyncConnection, events: list[StoredEvent]) -> list[NewEvent]:
+        return [NewEvent("test.echoed", {"n": len(events)})]
+
+    upstream = Upstream()
+    consumer = EventConsumer(
+        stream_name="upstream",
+        database=database,
+        cursors=cursors,
+        open_stream=upstream.open,
+        handle=echo,
+        event_log=event_log,
+    )
+    tracer = trace.get_tracer("test")
+    task: asyncio.Task[None] | None = None
+    try:
+        with recorded_spans() as spans:
+            senders = [tracer.start_span(name) for name in ("report a", "report b")]
+            carried = [dict(context_of(span)) for span in senders]
+            upstream.publish(4)
+            for envelope, context in zip(
+                upstream.envelopes, [carried[0], carried[1], carried[0], {}], strict=True
+            ):
+                envelope.trace_context.update(context)
+            task = asyncio.create_task(consumer.run())
+            await consumer.wait_for(4)
+        [batch] = spans_named(spans, "apply upstream events")
+        [echoed] = await event_log.read_after(0)
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await database.dispose()
+
+    assert batch.parent is None, "a trace of its own"
+    assert [(link.context.trace_id, link.context.span_id) for link in batch.links] == [
+        (sender.get_span_context().trace_id, sender.get_span_context().span_id) for sender in senders
+    ]
+    assert dict(batch.attributes or {}) == {
+        "messaging.destination.name": "upstream",
+        "messaging.batch.message_count": 4,
+        "code.function.name": echo.__qualname__,
+    }
+    assert echoed.payload == {"n": 4}
+    assert ids_of(echoed.trace_context) == ids(batch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from boss.context_budget.v1 import context_budget_pb2
 
-from tests.tracing_support import recorded_spans, spans_named
+from tests.tracing_support import ids, ids_of, recorded_spans, spans_named
 from worker.reporter import StreamReporter
 
 
@@ -25,8 +25,7 @@ def test_each_new_report_gets_a_span_whose_context_the_snapshot_carries() -> Non
         {"thread_id": "t2", "snapshot_id": "s2"},
     ]
     for snapshot, span in zip((first, second), reported, strict=True):
-        _version, trace_id, span_id, _flags = snapshot.trace_context["traceparent"].split("-")
-        assert (int(trace_id, 16), int(span_id, 16)) == (span.context.trace_id, span.context.span_id)
+        assert ids_of(snapshot.trace_context) == ids(span)
     assert reported[0].context.trace_id != reported[1].context.trace_id  # one trace per report
 
 
