@@ -33,6 +33,10 @@ Fan-out: one `EventHub` per gateway process follows the conversations `WatchEven
 service token and hands every event to the matching subscribers' queues, so 1,000 SSE clients cost
 one upstream stream, not 1,000. Backlog for a resuming client is read with `ListEvents` under the
 client's own token.
+
+Traces (when tracing is on, boss_common/tracing.py): handing a live event to a client is a short
+"deliver sse event" span (until the server took the frame) linked to the trace context the event
+carries, the span of conversations' batch that published it (services/shared/event_stream.py).
 """
 
 from __future__ import annotations
@@ -51,8 +55,10 @@ from boss.conversations.v1 import conversations_pb2 as pb
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from google.protobuf import json_format
+from opentelemetry import trace
 
 from boss_common.reconnection import Reconnection
+from boss_common.tracing import link_to, tracing_enabled
 from services.bff_gateway.chat.mapping import INTERNAL_EVENT_TYPES, client_event_data
 from services.bff_gateway.problems import (
     ProblemError,
@@ -117,6 +123,15 @@ class HubEvent:
             }
             self._frame = sse_frame(self.sequence, self.type, data)
         return self._frame
+
+    def delivery_span(self) -> trace.Span:
+        """A started "deliver sse event" span linked to the event's trace context (tracing on)."""
+        link = link_to(self._envelope.trace_context)
+        return trace.get_tracer(__name__).start_span(
+            "deliver sse event",
+            links=[link] if link is not None else [],
+            attributes={"event_type": self.type, "sequence": self.sequence},
+        )
 
 
 def sse_frame(sequence: int, event_type: str, data: dict[str, Any]) -> bytes:
@@ -438,7 +453,14 @@ async def stream_events(
                     return
                 if event.sequence > cursor:
                     cursor = event.sequence
-                    yield event.frame
+                    if not tracing_enabled():
+                        yield event.frame
+                        continue
+                    span = event.delivery_span()
+                    try:
+                        yield event.frame
+                    finally:
+                        span.end()
         finally:
             hub.unsubscribe(subscriber)
 
