@@ -40,14 +40,25 @@ class RunningGateway:
 @contextlib.asynccontextmanager
 async def serve_gateway(stack: Stack, heartbeat_seconds: float = 15.0) -> AsyncIterator[RunningGateway]:
     """Serves create_app(...) wired to `stack` on a free port until the block ends."""
+    async with serve_gateway_app(stack.address, SECRET, heartbeat_seconds) as (base_url, http, app):
+        yield RunningGateway(base_url, http, stack, app)
+
+
+@contextlib.asynccontextmanager
+async def serve_gateway_app(
+    conversations_address: str, secret: str, heartbeat_seconds: float = 15.0
+) -> AsyncIterator[tuple[str, httpx.AsyncClient, Any]]:
+    """Serves create_app(...) wired to the conversations service at `conversations_address`
+    (tokens signed with `secret`) on a free port until the block ends; yields its base URL, an HTTP
+    client for it and the app."""
     settings = GatewaySettings(
         listen="127.0.0.1:0",
         context_budget_address="127.0.0.1:9",
-        auth_secret=SECRET,
+        auth_secret=secret,
         rpc_timeout_seconds=5.0,
     )
     app = create_app(settings)
-    app.state.conversations.slot = ChannelSlot(target=stack.address)
+    app.state.conversations.slot = ChannelSlot(target=conversations_address)
     app.state.sse_heartbeat_seconds = heartbeat_seconds
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="on"))
     task = asyncio.create_task(server.serve())
@@ -57,7 +68,7 @@ async def serve_gateway(stack: Stack, heartbeat_seconds: float = 15.0) -> AsyncI
     base_url = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
-            yield RunningGateway(base_url, http, stack, app)
+            yield base_url, http, app
     finally:
         await app.state.event_hub.stop()
         server.should_exit = True
