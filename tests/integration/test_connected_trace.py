@@ -136,5 +136,6 @@ async def test_one_report_makes_one_connected_trace_to_the_sse_client(
     assert published.type == indicator.event
     assert ids_of(published.trace_context) == ids(conversations_batch)
     assert dict(delivery.attributes or {}) == {"event_type": indicator.event, "sequence": sequence}
+    assert delivery.parent is None
     assert link_ids(delivery) == [ids(conversations_batch)]
     assert [trace for trace, _span in link_ids(conversations_batch)] == [trace_id]

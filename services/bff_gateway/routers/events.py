@@ -56,6 +56,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from google.protobuf import json_format
 from opentelemetry import trace
+from opentelemetry.context import Context
 
 from boss_common.reconnection import Reconnection
 from boss_common.tracing import link_to, tracing_enabled
@@ -125,10 +126,12 @@ class HubEvent:
         return self._frame
 
     def delivery_span(self) -> trace.Span:
-        """A started "deliver sse event" span linked to the event's trace context (tracing on)."""
+        """A started "deliver sse event" span linked to the event's trace context (tracing on): a
+        trace of its own, never a child of the hours-long request of the SSE connection."""
         link = link_to(self._envelope.trace_context)
         return trace.get_tracer(__name__).start_span(
             "deliver sse event",
+            context=Context(),
             links=[link] if link is not None else [],
             attributes={"event_type": self.type, "sequence": self.sequence},
         )
