@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from services.shared.time import isoformat_utc
 
@@ -237,6 +237,24 @@ def risk_order(threads: Iterable[ThreadView]) -> list[ThreadView]:
     return sorted(threads, key=key)
 
 
+COMPACTION_RISK_HORIZON = timedelta(minutes=10)
+"""How soon an expected compaction puts a safe thread at risk: the horizon of context_budget's
+compaction_risk alert (services/context_budget/domain/alerts.py DEFAULT_COMPACTION_RISK_HORIZON)."""
+
+
+def at_risk(view: ThreadView, now: datetime, horizon: timedelta = COMPACTION_RISK_HORIZON) -> bool:
+    """Whether a thread is close to compaction: it reported a level of watch or worse, or its
+    expected compaction (UTC) is within `horizon` of `now` (UTC). A safe thread whose compaction
+    is further away, or that never reported, is not."""
+    budget = view.budget
+    if budget is None:
+        return False
+    if budget.level != LEVELS[0]:
+        return True
+    expected = budget.compaction_expected_at
+    return expected is not None and expected - now <= horizon
+
+
 def next_compaction_risk_thread(threads: Sequence[ThreadView]) -> str:
     """CB-13 `next_compaction_risk_thread_id`: the thread expected to compact first.
 
@@ -269,7 +287,8 @@ def strategy_summary(threads: Sequence[ThreadView], scheduler_summary: str = "")
     The scheduler's own summary wins when it published one, with the threads it names by id named
     by title as everywhere else in the app (`name_threads_by_title`); otherwise the CB-7 actions per
     level are stated for the threads at each level (the low budget is stressed here, not on the
-    home list: CB-16).
+    home list: CB-16). A thread compacted after its last reading is named as such, never counted
+    as safe: the budget it shows until its next reading is a placeholder.
     """
     if scheduler_summary:
         return name_threads_by_title(scheduler_summary, threads)
@@ -277,7 +296,11 @@ def strategy_summary(threads: Sequence[ThreadView], scheduler_summary: str = "")
     if not reported:
         return "No thread has reported its context budget yet."
     by_level: dict[str, list[ThreadView]] = {level: [] for level in LEVELS}
+    compacted: list[ThreadView] = []  # their "safe 100 %" is a placeholder, not a measurement
     for view in risk_order(reported):
+        if view.budget is not None and view.budget.awaiting_reading_after_compaction:
+            compacted.append(view)
+            continue
         by_level[view.budget.level if view.budget else "safe"].append(view)  # type: ignore[index]
 
     def names(views: list[ThreadView]) -> str:
@@ -299,6 +322,9 @@ def strategy_summary(threads: Sequence[ThreadView], scheduler_summary: str = "")
             f"Watch: {names(by_level['watch'])}: no more large background context; start "
             "preparing the handoff."
         )
+    if compacted:
+        titles = ", ".join(v.title or v.thread_id for v in compacted)
+        parts.append(f"Just compacted, waiting for their first reading: {titles}.")
     if by_level["safe"]:
         parts.append(f"Safe: {len(by_level['safe'])} thread(s) keep going; new subtasks go to them first.")
     return " ".join(parts)

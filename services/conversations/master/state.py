@@ -13,8 +13,8 @@ from datetime import datetime
 from typing import Any
 
 from services.conversations.domain.model import (
-    LEVELS,
     ThreadView,
+    at_risk,
     next_compaction_risk_thread,
     risk_order,
     threads_requiring_handoff,
@@ -170,18 +170,13 @@ def state_payload(state: SystemState) -> dict[str, Any]:
      null], projects [{project_id, title, type, thread_ids}]}
 
     Percent is the budget left before Codex's auto-compaction (SPEC D-1). At most MAX_THREADS
-    threads are described; `closest_to_compaction` follows domain.model.next_compaction_risk_thread:
-    threads at watch or worse, or with a compaction estimate.
+    threads are described; `closest_to_compaction` holds the threads domain.model.at_risk names:
+    at watch or worse, or expected to compact within COMPACTION_RISK_HORIZON (10 minutes).
     """
     ordered = state.threads_in_risk_order()
     described = ordered[:MAX_THREADS]
     views = [thread.view for thread in ordered]
-    at_risk = [
-        view.thread_id
-        for view in risk_order(views)
-        if view.budget is not None
-        and (view.budget.level != LEVELS[0] or view.budget.compaction_expected_at is not None)
-    ]
+    closest = [view.thread_id for view in risk_order(views) if at_risk(view, state.captured_at)]
     return {
         "schema": STATE_SCHEMA,
         "captured_at": isoformat_utc(state.captured_at),
@@ -189,7 +184,7 @@ def state_payload(state: SystemState) -> dict[str, Any]:
         "threads_total": len(ordered),
         "threads_described": len(described),
         "next_compaction_risk_thread_id": next_compaction_risk_thread(views),
-        "closest_to_compaction": at_risk,
+        "closest_to_compaction": closest,
         "threads_requiring_handoff": threads_requiring_handoff(views),
         "threads": [thread_payload(thread) for thread in described],
         "projects": [

@@ -19,6 +19,7 @@ from services.conversations.domain.model import (
     ThreadBudget,
     ThreadView,
     apply_handoff_event,
+    at_risk,
     default_title,
     display_percent,
     handoff_reason_in_words,
@@ -154,6 +155,34 @@ def test_strategy_summary_states_actions_per_level() -> None:
     assert "Safe: 1 thread(s)" in text
     assert strategy_summary([view("a", None)]) == "No thread has reported its context budget yet."
     assert strategy_summary([], "scheduler says so") == "scheduler says so"
+
+
+def test_a_thread_just_compacted_is_named_as_such_not_counted_safe() -> None:
+    compacted = replace(budget(100, "safe"), awaiting_reading_after_compaction=True)
+    text = strategy_summary([view("a", compacted), view("b", budget(70, "safe"))])
+    assert text == (
+        "Just compacted, waiting for their first reading: A. "
+        "Safe: 1 thread(s) keep going; new subtasks go to them first."
+    )
+
+
+@pytest.mark.parametrize(
+    ("reading", "expected"),
+    [
+        (budget(80, "safe"), False),  # no estimate
+        (budget(80, "safe", expected_in=20), False),  # compaction far off: not at risk
+        (budget(80, "safe", expected_in=10), True),  # within the 10-minute horizon
+        (budget(80, "safe", expected_in=-1), True),  # overdue
+        (budget(55, "watch"), True),
+        (budget(9, "critical", expected_in=60), True),
+        (None, False),  # never reported
+    ],
+)
+def test_at_risk_means_watch_or_worse_or_compaction_within_the_horizon(
+    reading: ThreadBudget | None, expected: bool
+) -> None:
+    assert at_risk(view("a", reading), T0) is expected
+    assert at_risk(view("a", budget(80, "safe", expected_in=20)), T0, timedelta(minutes=30))
 
 
 def test_the_schedulers_summary_names_threads_by_title() -> None:

@@ -78,7 +78,8 @@ def test_the_state_lists_threads_most_at_risk_first_with_their_true_figures() ->
     state = SystemState(
         NOW,
         (
-            thread("th-safe", "billing-api", 72.0),
+            thread("th-safe", "billing-api", 72.0, compaction_expected_at=NOW + timedelta(minutes=25)),
+            thread("th-soon", "docs-site", 64.0, compaction_expected_at=NOW + timedelta(minutes=4)),
             thread("th-quiet", "docs", None),
             thread(
                 "th-crit", "parser", 18.4, "critical", must_finish_before_compaction=True, compaction_count=2
@@ -90,8 +91,15 @@ def test_the_state_lists_threads_most_at_risk_first_with_their_true_figures() ->
 
     payload = state_payload(state)
 
-    assert [t["thread_id"] for t in payload["threads"]] == ["th-crit", "th-watch", "th-safe", "th-quiet"]
-    assert payload["closest_to_compaction"] == ["th-crit", "th-watch"]
+    assert [t["thread_id"] for t in payload["threads"]] == [
+        "th-crit",
+        "th-watch",
+        "th-soon",
+        "th-safe",
+        "th-quiet",
+    ]
+    # A safe thread is close to compaction only when its estimate is within the 10-minute horizon.
+    assert payload["closest_to_compaction"] == ["th-crit", "th-watch", "th-soon"]
     assert payload["next_compaction_risk_thread_id"] == "th-crit"
     assert payload["threads_requiring_handoff"] == ["th-crit", "th-watch"]
     critical = payload["threads"][0]
@@ -109,7 +117,7 @@ def test_the_state_lists_threads_most_at_risk_first_with_their_true_figures() ->
         "updated_at": "2026-03-25T10:04:05Z",
     }
     assert payload["threads"][1]["budget"]["percent"] == 45  # rounded down, as on every ring
-    assert payload["threads"][3]["budget"] == {"reported": False}
+    assert payload["threads"][4]["budget"] == {"reported": False}
     assert payload["projects"] == [
         {
             "project_id": "proj-1",
