@@ -9,7 +9,9 @@ chat/proto_mapping.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -50,6 +52,7 @@ from services.shared.errors import (
     FieldViolation,
     InvalidArgument,
     PermissionDenied,
+    Unauthenticated,
     grpc_status_of,
 )
 from services.shared.event_stream import to_envelope
@@ -485,6 +488,7 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         """Committed events after `after_sequence` (or the head), then live ones, filtered by owner,
         in runs of up to 500 per response (a run another owner's events emptied is not sent).
 
+        The stream ends with UNAUTHENTICATED (reason TOKEN_EXPIRED) when the caller's token expires.
         PERMISSION_DENIED (reason CONSUMER_NOT_ALLOWED) for a `consumer` named with a token other
         than a service's: a durable position holds back retention for every owner, so only Boss's
         own services keep one."""
@@ -505,7 +509,23 @@ class ConversationsServicer(conversations_pb2_grpc.ConversationsServiceServicer)
         after = self._event_log.last_sequence if request.from_head else request.after_sequence
         # Payloads are decoded only to filter by owner; an every-owner stream sends their text.
         decode = owner is not None
-        async for batch in self._event_log.follow_batches(after, types=list(request.types), decode=decode):
+        batches = self._event_log.follow_batches(after, types=list(request.types), decode=decode)
+        # The token was verified once: the stream ends when it expires (UNAUTHENTICATED,
+        # TOKEN_EXPIRED), and the caller resumes with a fresh one, losing nothing. The deadline
+        # covers each wait for the next batch, never a yield (the caller's code runs there).
+        left = principal.seconds_until_expiry()
+        expires = None if math.isinf(left) else asyncio.get_running_loop().time() + left
+        while True:
+            try:
+                async with asyncio.timeout_at(expires):
+                    batch = await anext(batches)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                await context.abort_with_status(
+                    grpc_status_of(Unauthenticated("token expired", reason="TOKEN_EXPIRED"))
+                )
+                return
             visible = [to_envelope(event) for event in batch if event_visible_to(event, owner)]
             if visible:
                 yield pb.WatchEventsResponse(events=visible)

@@ -21,10 +21,11 @@ accepts `?access_token=`, since browsers cannot set headers on EventSource).
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import grpc
@@ -97,6 +98,9 @@ class Principal:
         kind: "worker" | "client" | "service".
         owner_id: the owner a client or worker token acts for ("" for service tokens).
         device_id: the enrolled device of a worker token from a pairing code ("" otherwise).
+        expires_at: when the token expires (UTC, its `exp`); None for a principal made in process.
+            A call is verified once, so a long stream ends itself at this instant
+            (`seconds_until_expiry`).
     """
 
     subject: str
@@ -106,6 +110,14 @@ class Principal:
     node_id: str = ""
     owner_id: str = ""
     device_id: str = ""
+    expires_at: datetime | None = None
+
+    def seconds_until_expiry(self, now: datetime | None = None) -> float:
+        """Seconds from `now` (UTC, default the current time) until the token expires; infinity
+        without an expiry, 0 once expired."""
+        if self.expires_at is None:
+            return math.inf
+        return max(0.0, (self.expires_at - (now or datetime.now(UTC))).total_seconds())
 
     @property
     def owner_scope(self) -> str | None:
@@ -271,6 +283,7 @@ class TokenAuthority:
             node_id=str(claims.get("node_id") or ""),
             owner_id=owner_id,
             device_id=str(claims.get("device_id") or ""),
+            expires_at=datetime.fromtimestamp(float(claims["exp"]), UTC),
         )
         self.check_not_revoked(principal)
         return principal

@@ -28,6 +28,8 @@ exactly the events after n, nothing missed, nothing repeated. Rules:
 - Headers: `Cache-Control: no-cache`, `X-Accel-Buffering: no` (nginx), no compression.
 - A client that stops reading is disconnected once 1,000 events wait for it; it resumes with its
   Last-Event-ID like any reconnect.
+- The token is verified at connect, and the stream ends when it expires: the reconnect needs a
+  valid token (an expired one is a 401), so a leaked token does not follow events for ever.
 
 Fan-out: one `EventHub` per gateway process follows the conversations `WatchEvents` stream with a
 service token and hands every event to the matching subscribers' queues, so 1,000 SSE clients cost
@@ -193,7 +195,7 @@ class EventHub:
 
     def __init__(self, client: Any, authority: TokenAuthority) -> None:
         self._client = client
-        self._token = authority.issue_service("bff_gateway")
+        self._authority = authority
         self._subscribers: dict[str | None, set[Subscriber]] = {}
         self._task: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
@@ -217,9 +219,14 @@ class EventHub:
 
     async def _head(self) -> int:
         response = await self._client.call(
-            "ListEvents", pb.ListEventsRequest(after_sequence=0, page_size=1), self._token
+            "ListEvents", pb.ListEventsRequest(after_sequence=0, page_size=1), self._service_token()
         )
         return int(response.head_sequence)
+
+    def _service_token(self) -> str:
+        """A fresh service token for each connect: the stream ends when its token expires, and a
+        gateway runs for longer than any one token lives."""
+        return self._authority.issue_service("bff_gateway")
 
     def subscribe(self, owner_id: str | None) -> tuple[Subscriber, int]:
         """Registers a subscriber; returns it and the position after which its queue is complete."""
@@ -261,7 +268,8 @@ class EventHub:
             reconnection.attempt_started()
             try:
                 call = self._client.stub().WatchEvents(
-                    pb.WatchEventsRequest(after_sequence=self.position), metadata=bearer_metadata(self._token)
+                    pb.WatchEventsRequest(after_sequence=self.position),
+                    metadata=bearer_metadata(self._service_token()),
                 )
                 async for response in call:
                     reconnection.delivered()
@@ -446,11 +454,18 @@ async def stream_events(
                 if subscriber.overflowed:
                     log.warning("SSE client fell %d events behind; closing so it resumes", QUEUE_LIMIT)
                     return
+                # The token was verified once, at connect: the stream ends when it expires, and the
+                # client reconnects with a fresh one (its Last-Event-ID loses nothing).
+                left = principal.seconds_until_expiry()
+                if left <= 0:
+                    log.info("SSE stream ended: its token expired")
+                    return
                 try:
-                    async with asyncio.timeout(heartbeat):
+                    async with asyncio.timeout(min(heartbeat, left)):
                         event = await subscriber.queue.get()
                 except TimeoutError:
-                    yield b": ping\n\n"
+                    if principal.seconds_until_expiry() > 0:
+                        yield b": ping\n\n"
                     continue
                 if event is None:
                     return

@@ -5,8 +5,9 @@ error cases (404, 400, 403, 401 problem+json), and SSE resume with nothing misse
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -225,6 +226,22 @@ async def test_unknown_ids_have_one_reason_per_kind_on_every_route(
         "project pin": project,
         "project unpin": project,
     }
+
+
+async def test_an_sse_stream_ends_when_its_token_expires(gateway: RunningGateway, stack: Stack) -> None:
+    token = stack.authority.issue_client("local", lifetime=timedelta(seconds=2))
+    started = time.monotonic()
+    async with gateway.http.stream("GET", f"/api/v1/events?access_token={token}") as response:
+        assert response.status_code == 200
+        reader = SseReader(response)
+        assert (await reader.next_event()).event == "stream.opened"
+        # The server ends the stream at the token's expiry (within its 2 s, rounded to the second).
+        with pytest.raises(ConnectionError, match="stream ended"):
+            await reader.next_event(timeout=5)
+    assert time.monotonic() - started < 4
+    again = await gateway.http.get(f"/api/v1/events?access_token={token}")
+    assert again.status_code == 401
+    assert again.json()["reason"] == "TOKEN_EXPIRED"
 
 
 async def test_sse_headers_live_event_and_exact_resume(gateway: RunningGateway, stack: Stack) -> None:

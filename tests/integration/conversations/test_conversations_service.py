@@ -16,6 +16,7 @@ from boss.conversations.v1 import conversations_pb2 as pb
 from grpc_status import rpc_status
 
 from services.conversations.domain.model import single_device_project_id
+from services.shared.auth import bearer_metadata
 from services.shared.errors import field_violations_of, reason_of
 from services.shared.outbox import StoredEvent
 from tests.conftest import DatabaseTarget
@@ -753,6 +754,16 @@ async def test_only_services_keep_a_durable_position_on_the_event_stream(stack: 
     call.cancel()
     assert first.events[0].sequence == 1
     assert [(p.consumer, p.last_sequence) for p in await positions.all()] == [("scheduler/conversations", 0)]
+
+
+async def test_an_event_stream_ends_when_its_token_expires(stack: Stack) -> None:
+    token = stack.authority.issue_client("local", lifetime=timedelta(seconds=2))
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        async with asyncio.timeout(5):
+            async for _ in stack.stub.WatchEvents(pb.WatchEventsRequest(), metadata=bearer_metadata(token)):
+                pass
+    assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "TOKEN_EXPIRED" in str(ended.value.trailing_metadata())
 
 
 async def test_watch_events_streams_live_and_resumes_without_gaps(stack: Stack) -> None:
