@@ -158,11 +158,11 @@ DEMO_PLANS: tuple[DemoThreadPlan, ...] = (
         ),
         initial_turns=1,
         # The calm thread: one turn to start (no growth rate yet, so no compaction expected soon),
-        # then a turn every 30 ticks (2 minutes at the default interval), which keeps its expected
-        # compaction beyond the scheduler's 10-minute horizon for its first ~20 minutes: no
-        # handoff under way, so a group plan can send it work, while the others, a turn every few
-        # seconds, are always near a compaction.
-        turn_every=30,
+        # then a turn every 150 ticks (10 minutes at the default interval): safe for its first hour
+        # and idle half of the time, with its expected compaction far beyond the scheduler's
+        # 10-minute horizon, so a group plan can send it work, while the others, a turn every few
+        # seconds, are always near a compaction (critical, or handing off ahead of the next one).
+        turn_every=150,
     ),
     DemoThreadPlan(
         name="ios-sync-client",

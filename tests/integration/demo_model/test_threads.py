@@ -199,7 +199,7 @@ def test_live_mode_grows_the_threads_until_sigterm(
             "1",
             "--live",
             "--interval",
-            "0.2",  # billing-api, the calm thread, takes a live turn every 30 ticks: 6 s
+            "0.05",  # billing-api, the calm thread, takes a live turn every 150 ticks: 7.5 s
         ],
         cwd=REPOSITORY_ROOT,
         stdout=subprocess.PIPE,

@@ -73,16 +73,18 @@ def test_a_plan_that_cannot_run_is_refused(changes: dict[str, object], message: 
 
 def test_a_thread_is_due_on_every_tick_its_turn_every_divides() -> None:
     every = {plan.name: plan.turn_every for plan in DEMO_PLANS}
-    assert every == {"billing-api": 30, "ios-sync-client": 3, "firmware-flasher": 1}
-    due = {tick: [plan.name for plan in due_on_tick(DEMO_PLANS, tick)] for tick in (1, 2, 3, 6, 29, 30, 60)}
+    assert every == {"billing-api": 150, "ios-sync-client": 3, "firmware-flasher": 1}
+    due = {
+        tick: [plan.name for plan in due_on_tick(DEMO_PLANS, tick)] for tick in (1, 2, 3, 6, 149, 150, 300)
+    }
     assert due == {
         1: ["firmware-flasher"],
         2: ["firmware-flasher"],
         3: ["ios-sync-client", "firmware-flasher"],
         6: ["ios-sync-client", "firmware-flasher"],
-        29: ["firmware-flasher"],
-        30: ["billing-api", "ios-sync-client", "firmware-flasher"],
-        60: ["billing-api", "ios-sync-client", "firmware-flasher"],
+        149: ["firmware-flasher"],
+        150: ["billing-api", "ios-sync-client", "firmware-flasher"],
+        300: ["billing-api", "ios-sync-client", "firmware-flasher"],
     }
 
 
