@@ -61,9 +61,11 @@ STARTUP_SECONDS = 60.0
 TURN_SECONDS = 30.0
 """How long one turn may take to end here (a demo-model turn takes well under a second)."""
 CLAIM_LEASE_SECONDS = 3.0
-RUN_LEASE_SECONDS = 1.5
+RUN_LEASE_SECONDS = 4.0
 """The scheduler's leases for this stack (seconds): a running task whose agent stops heartbeating
-is failed as device_lost within about RUN_LEASE_SECONDS (heartbeats every third of it)."""
+is failed as device_lost within about RUN_LEASE_SECONDS (heartbeats every third of it). Short for
+the test's sake, yet long enough that a worker slowed by a busy machine (Codex starting takes more
+than a core) keeps its lease: at 1.5 s, a run of the suite beside other work lost two."""
 SWEEP_SECONDS = 0.2
 SLOW_TURN_SECONDS = 5.0
 """How long the demo model waits before answering a slow turn (`[[demo:slow=...]]`), seconds."""

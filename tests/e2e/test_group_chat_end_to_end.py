@@ -141,7 +141,8 @@ async def test_a_group_message_runs_on_both_threads_through_real_codex_and_is_su
     assert [t["taskType"] for t in tasks] == ["dispatch_execution", "dispatch_execution"]
     by_thread = {t["threadId"]: t for t in plan["targets"]}
     replies = [m for m in listed["messages"] if m["authorKind"] == "thread"]
-    assert sorted(m["threadId"] for m in replies) == sorted([north, south])
+    said = [(m["authorKind"], m["text"][:300]) for m in listed["messages"]]
+    assert sorted(m["threadId"] for m in replies) == sorted([north, south]), said
     for reply in replies:
         assert reply["text"] == reply_text(by_thread[reply["threadId"]]["instruction"])
     summary = listed["messages"][-1]
