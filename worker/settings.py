@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from boss_common import config
-from boss_common.channels import ChannelSecurity, ChannelSettingsError, check_worker_transport
+from boss_common.channels import ChannelSecurity, ChannelSettingsError, check_worker_transport, switch
 from worker.codex_sessions.follower import ARCHIVED_SESSIONS_SUBDIR, SESSIONS_SUBDIR, discover_rollout_files
 from worker.enrollment import Credential, EnrollmentError, credential_path, read_credential
 
@@ -172,26 +172,13 @@ def stored_credential(environ: Mapping[str, str]) -> Credential | None:
         raise SettingsError(str(error)) from error
 
 
-_SWITCH_VALUES = {
-    "1": True,
-    "true": True,
-    "yes": True,
-    "on": True,
-    "0": False,
-    "false": False,
-    "no": False,
-    "off": False,
-}
-
-
 def _switch(name: str, environ: Mapping[str, str], default: bool) -> bool:
-    """An on/off environment variable (1/0, true/false, yes/no, on/off; unset or empty = `default`)."""
-    raw = environ.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw not in _SWITCH_VALUES:
-        raise SettingsError(f"{name} must be on or off, got {environ[name]!r}")
-    return _SWITCH_VALUES[raw]
+    """An on/off environment variable (1/0, true/false, yes/no, on/off; unset or empty = `default`).
+    Raises SettingsError for any other value."""
+    try:
+        return switch(name, environ, default)
+    except ChannelSettingsError as error:
+        raise SettingsError(str(error)) from error
 
 
 def _positive_seconds(

@@ -582,6 +582,14 @@ async def claim_through_shutdown(address: str, opened: asyncio.Event) -> str:
         return "no task" if not answer.HasField("task") else f"task {answer.task.task_id}"
 
 
+def latest_versions(stored: list[tuple[str, str]]) -> dict[str, str]:
+    """The highest snapshot_version stored per thread, as text, from (thread id, version) rows."""
+    latest: dict[str, int] = {}
+    for thread_id, version in stored:
+        latest[thread_id] = max(int(version), latest.get(thread_id, 0))
+    return {thread_id: str(version) for thread_id, version in latest.items()}
+
+
 def scheduler_progress(database: Database) -> tuple[dict[str, str], str, str]:
     """(the scheduler's snapshot_version per thread, its cursor on context_budget's stream,
     context_budget's last sequence), as text."""
@@ -648,9 +656,7 @@ async def test_the_scheduler_resumes_its_stream_through_sigterm_and_sigkill(
 
         # It catches up to the very last reading of every thread and to the stream's last event.
         stored = ReportLoad.stored(database)
-        latest: dict[str, str] = {}
-        for thread_id, version in stored:
-            latest[thread_id] = str(max(int(version), int(latest.get(thread_id, "0"))))
+        latest = latest_versions(stored)
         deadline = time.monotonic() + 30
         while (progress := scheduler_progress(database)) and (
             progress[0] != latest or progress[1] != progress[2]

@@ -33,6 +33,7 @@ from tests.e2e.test_service_lifecycle import (
     ServiceProcess,
     database,
     grow,
+    latest_versions,
     serving,
 )
 
@@ -145,9 +146,7 @@ async def test_two_replicas_of_each_service_lose_nothing_when_one_of_each_is_kil
         await asyncio.wait_for(reporters, 30)
 
         stored = ReportLoad.stored(database)
-        latest: dict[str, str] = {}
-        for thread_id, version in stored:
-            latest[thread_id] = str(max(int(version), int(latest.get(thread_id, "0"))))
+        latest = latest_versions(stored)
         [(_, head)] = database.rows("SELECT 'head', last_sequence FROM context_budget.outbox_sequencer")
         for name in CONSUMERS:
             deadline = time.monotonic() + 30
