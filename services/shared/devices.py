@@ -135,6 +135,7 @@ class DeviceRevocations:
             return
         with self.watch(principal.device_id) as revoked:
             waiter = asyncio.ensure_future(revoked.wait())
+            step: asyncio.Future[T] | None = None
             try:
                 while True:
                     if revoked.is_set():
@@ -153,6 +154,13 @@ class DeviceRevocations:
                     yield item
             finally:
                 waiter.cancel()
+                if step is not None and not step.done():
+                    # The call ended (the client went away, the server stops) while the next item was
+                    # awaited: that wait is ours to end and collect, or its end (StopAsyncIteration
+                    # once `items` is closed) would be logged as an exception never retrieved.
+                    step.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                        await step
                 closer = getattr(items, "aclose", None)
                 if closer is not None:
                     with contextlib.suppress(Exception):

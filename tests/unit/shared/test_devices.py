@@ -5,6 +5,7 @@ never affected."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 
 import pytest
@@ -37,6 +38,26 @@ async def test_a_guarded_stream_ends_with_device_revoked_when_its_device_is_revo
         await waiting
     assert ended.value.reason == "DEVICE_REVOKED"
     assert "dev-1" in revocations and len(revocations) == 1
+
+
+async def test_a_stream_whose_call_ends_while_it_waits_leaves_no_stray_task() -> None:
+    revocations = DeviceRevocations()
+    stray: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, context: stray.append(context))
+    stream = revocations.guard_stream(DEVICE, endless(["a"], asyncio.Queue()))
+    assert await anext(stream) == "a"
+    # The call ends (the worker went away, or the server stops) while the next item is awaited.
+    waiting = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await stream.aclose()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    gc.collect()  # an unretrieved task's exception is reported when the task is collected
+    await asyncio.sleep(0)
+    assert stray == []
 
 
 async def test_a_stream_of_a_device_revoked_before_it_opened_ends_at_once() -> None:
