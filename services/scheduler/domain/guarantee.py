@@ -341,6 +341,26 @@ def _apply_level_actions(
     critical_prepare = (
         report.level is Level.CRITICAL and not state.prepare_issued_at_critical and not package_ready
     )
+    # A package made ready before critical is made again at the first critical report: what the
+    # thread ran since (the last command, the last test) belongs in it. It stays ready meanwhile
+    # (no "required" again), so the guarantee holds whichever upload the compaction meets.
+    critical_refresh = (
+        report.level is Level.CRITICAL
+        and not state.prepare_issued_at_critical
+        and package_ready
+        and not first_prepare
+    )
+    if critical_refresh:
+        commands.append(
+            CommandIntent(
+                new_id(),
+                CommandType.PREPARE_HANDOFF,
+                f"refresh the ready package at critical: {reason_text}",
+                handoff_package_id=package_id,
+                to_thread_id=relay_thread_id,
+            )
+        )
+        changes["prepare_issued_at_critical"] = True
     if first_prepare or critical_prepare:
         required_reason = risk_reason(report)
         commands.append(

@@ -99,16 +99,28 @@ def test_urgent_precreates_relay_finishes_subtask_and_prepares_handoff_once() ->
     )
 
 
-def test_critical_sends_prepare_again_and_freezes_unless_package_ready() -> None:
+def test_critical_sends_prepare_again_and_freezes() -> None:
     state, decisions = run([report(1, Level.URGENT, 30), report(2, Level.CRITICAL, 20)])
     assert types(decisions[1]) == ["freeze_context_growth", "prepare_handoff"]
     assert state is not None and state.context_growth_frozen
     assert decisions[1].handoff_required_reason == "context_critical"
 
-    ready = replace(decisions[0].state, current_package_status=PackageStatus.READY)
+
+def test_a_package_ready_before_critical_is_made_again_at_critical_and_stays_ready() -> None:
+    ready = replace(
+        run([report(1, Level.URGENT, 30)])[1][0].state, current_package_status=PackageStatus.READY
+    )
     counter = ids()
     decision = apply_report(ready, report(2, Level.CRITICAL, 20), SETTINGS, lambda: f"x{next(counter)}")
-    assert types(decision) == ["freeze_context_growth"]
+    assert types(decision) == ["freeze_context_growth", "prepare_handoff"]
+    [refresh] = [c for c in decision.commands if c.command_type is CommandType.PREPARE_HANDOFF]
+    assert refresh.handoff_package_id == ready.current_package_id
+    assert refresh.reason.startswith("refresh the ready package at critical")
+    # Still ready (no "required" again), and made again once per cycle, not at every critical report.
+    assert decision.handoff_required_reason == ""
+    assert decision.state.current_package_status is PackageStatus.READY
+    again = apply_report(decision.state, report(3, Level.CRITICAL, 10), SETTINGS, lambda: f"y{next(counter)}")
+    assert types(again) == []
 
 
 def test_compaction_near_triggers_prepare_at_safe_level() -> None:
