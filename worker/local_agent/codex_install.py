@@ -109,8 +109,9 @@ def find_codex_binary(
         return native_beside_wrapper(Path(on_path)) or Path(on_path)
     tried.append("`codex` on PATH")
     raise CodexNotFoundError(
-        "Codex CLI not found; tried " + ", ".join(tried) + ". Run `make codex` to install the pinned "
-        f"version into {project_codex_dir}, install Codex yourself, or set {ENV_VAR}."
+        "Codex CLI not found; tried " + ", ".join(tried) + ". Install Codex (`npm install -g "
+        "@openai/codex`; in a clone of Boss, `make codex` installs the pinned version), or name it "
+        f"with the worker's --codex-bin / BOSS_WORKER_CODEX_BIN (or {ENV_VAR})."
     )
 
 

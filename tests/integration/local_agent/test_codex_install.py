@@ -75,14 +75,15 @@ def test_another_codex_on_path_is_used_as_is(tmp_path: Path) -> None:
     assert find_codex_binary({}, project_codex_dir=tmp_path / "none", which=lambda name: str(other)) == other
 
 
-def test_nothing_found_says_what_was_tried_and_to_run_make_codex(tmp_path: Path) -> None:
+def test_nothing_found_says_what_was_tried_and_how_to_install_or_name_codex(tmp_path: Path) -> None:
     with pytest.raises(CodexNotFoundError) as raised:
         find_codex_binary({}, project_codex_dir=tmp_path / "tools", which=_no_path)
     message = str(raised.value)
     assert "BOSS_CODEX_BIN (not set)" in message
     assert str(tmp_path / "tools" / "node_modules" / ".bin" / "codex") in message
     assert "`codex` on PATH" in message
-    assert "Run `make codex`" in message
+    assert "npm install -g @openai/codex" in message and "`make codex`" in message
+    assert "BOSS_WORKER_CODEX_BIN" in message  # the setting worker.env names
 
 
 def test_the_pinned_install_is_the_native_binary() -> None:
