@@ -91,6 +91,7 @@ class SnapshotRetention:
 
     async def thin(self) -> int:
         """One pass; returns how many readings it deleted."""
+        DELETED.add(0, {"table": "thread_context_snapshots", "service": "context_budget"})  # series exists
         interval = self.settings.downsample_interval
         cutoff = thinning_cutoff(self.clock(), self.settings.full_history, interval)
         mark = await self._mark()

@@ -347,6 +347,9 @@ class OutboxPruner:
 
     async def prune(self) -> int:
         """One pass; returns how many rows it deleted."""
+        # The counter's series exists from the first pass, so an alert on it not growing
+        # (docs/operations.md, BossRetentionStalled) sees a retention that never deleted anything.
+        DELETED.add(0, {"table": "outbox_events", "service": self.service})
         now = self.clock()
         positions = await self._forget_expired(await self.positions.all(), now)
         async with self.database.read() as connection:
