@@ -364,19 +364,29 @@ class WorkerAgent:
         )
 
     def _rebuild(self) -> None:
-        """Rebuild the snapshot of every thread whose reading or facts changed."""
+        """Rebuild the snapshot of every thread whose reading or facts changed, or whose predicted
+        compaction time has passed (an idle thread: the prediction is dropped, `without_stale_prediction`,
+        and the thread reported again, so no "compaction expected" alert stays open on it).
+
+        A reading whose prediction was dropped is a different reading from the one with it, which an
+        earlier run of the worker may have reported: it is stamped a microsecond after its capture,
+        so its snapshot id differs (the same id for other content is refused: ALREADY_EXISTS)."""
         settings = self._settings
+        now = self._wall_clock()
         for state in self._threads.values():
-            if not state.dirty:
+            expected = state.reading.compaction_expected_at
+            passed = expected is not None and expected <= now
+            if not state.dirty and not passed:
                 continue
             state.dirty = False
-            state.reading = without_stale_prediction(state.reading, self._wall_clock())
+            state.reading = without_stale_prediction(state.reading, now)
             snapshot = build_snapshot(
                 state.reading,
                 thread_id=state.thread_id,
                 worker_id=settings.worker_id,
                 node_id=settings.node_id,
                 facts=self._facts(state),
+                captured_at=state.reading.captured_at + timedelta(microseconds=1) if passed else None,
             )
             if state.reading_changed or state.latest is None:
                 state.reading_changed = False

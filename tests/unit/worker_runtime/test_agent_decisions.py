@@ -4,6 +4,7 @@ idle threads, and git changes around an unchanged reading (follower, reporter, g
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def git(*paths: str) -> GitState:
     )
 
 
-def make_agent(git_states: dict[str, GitState | None] | None = None):
+def make_agent(git_states: dict[str, GitState | None] | None = None, wall_clock=lambda: NOW):
     settings = WorkerSettings(
         codex_home=Path("/codex"),
         worker_id="w",
@@ -124,7 +125,7 @@ def make_agent(git_states: dict[str, GitState | None] | None = None):
         reporter,
         git_cache=cache,
         clock=clock,
-        wall_clock=lambda: NOW,
+        wall_clock=wall_clock,
     )
     return agent, follower, reporter, clock
 
@@ -218,3 +219,41 @@ async def test_a_git_change_restamps_the_unchanged_reading_and_is_sent_at_once()
     assert clean.snapshot_version == dirty.snapshot_version
     assert from_timestamp(clean.captured_at) - from_timestamp(dirty.captured_at) == timedelta(microseconds=1)
     assert clean.snapshot_id != dirty.snapshot_id
+
+
+async def test_a_prediction_that_passed_on_an_idle_thread_is_dropped_and_reported_at_once() -> None:
+    wall = [NOW]
+    agent, follower, reporter, clock = make_agent(wall_clock=lambda: wall[0])
+    predicted = replace(reading("t1", 30.0, 1), compaction_expected_at=NOW + timedelta(seconds=20))
+    follower.pending = [update(predicted)]
+    await agent.step()
+    (first,) = reporter.take()
+    assert first.HasField("compaction_expected_at")
+
+    # The thread goes quiet; its predicted compaction time passes with no new reading.
+    wall[0] = NOW + timedelta(seconds=21)
+    clock.now += 21.0
+    await agent.step()
+    (again,) = reporter.take()
+    assert not again.HasField("compaction_expected_at")
+    assert again.snapshot_version == first.snapshot_version
+    assert again.snapshot_id != first.snapshot_id  # other content, another id
+    clock.now += 1.0
+    await agent.step()
+    assert reporter.take() == []  # dropped once, not on every poll
+
+
+async def test_a_new_worker_reporting_a_passed_prediction_uses_another_id_than_the_reading_with_it() -> None:
+    predicted = replace(reading("t1", 30.0, 1), compaction_expected_at=NOW + timedelta(seconds=20))
+    before, follower_before, reporter_before, _ = make_agent()
+    follower_before.pending = [update(predicted)]
+    await before.step()
+    (with_prediction,) = reporter_before.take()
+
+    # A restart after the predicted instant: the same reading from the file, its prediction past.
+    later, follower, reporter, _ = make_agent(wall_clock=lambda: NOW + timedelta(minutes=5))
+    follower.pending = [update(predicted)]
+    await later.step()
+    (without,) = reporter.take()
+    assert not without.HasField("compaction_expected_at")
+    assert without.snapshot_id != with_prediction.snapshot_id
