@@ -182,7 +182,8 @@ def check_worker_transport(target: str, security: ChannelSecurity) -> None:
     raise ChannelSettingsError(
         f"refusing to send this worker's credential in plaintext to {target}: turn TLS on "
         f"({TLS_SWITCH}=true, or {CA_FILE}=<PEM file> for a private CA), or set "
-        f"{ALLOW_PLAINTEXT}=true when the network is one you trust (a VPN, an SSH tunnel)"
+        f"{ALLOW_PLAINTEXT}=true when the network is one you trust (a VPN; an SSH tunnel needs "
+        "nothing: its address here is loopback)"
     )
 
 

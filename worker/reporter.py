@@ -629,8 +629,9 @@ class StreamReporter:
         WARNING when the server cannot be reached."""
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
             log.error(
-                "context_budget at %s refuses the worker token (%s: %s); check --token / "
-                "BOSS_WORKER_TOKEN, or enroll again; retrying in %.1f s",
+                "context_budget at %s refuses this worker's credential (%s: %s): a revoked device "
+                "enrolls again with a new pairing code (boss-worker enroll CODE) and restarts; a "
+                "--token / BOSS_WORKER_TOKEN must be valid; retrying in %.1f s",
                 self._target,
                 code.name,
                 details,

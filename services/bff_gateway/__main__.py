@@ -105,7 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 1
         sys.stdout.write(f"{code}\n")
-        sys.stderr.write(f"valid until {isoformat_utc(expires_at)}, once: python -m worker enroll {code}\n")
+        sys.stderr.write(
+            f"valid until {isoformat_utc(expires_at)}, once: on the device, boss-worker enroll {code} "
+            f"(in a clone of Boss: python -m worker enroll {code})\n"
+        )
         return 0
     if arguments.command == "token":
         try:

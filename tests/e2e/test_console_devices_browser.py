@@ -52,8 +52,10 @@ async def test_the_owner_enrolls_lists_and_revokes_a_device_from_the_console(gat
             await expect(page.locator(".empty")).to_contain_text("No device enrolled yet")
 
             await page.locator("[data-action='pairing-code']").click()
-            shown = page.locator("[data-role='pairing-code'] code")
-            await expect(shown).to_contain_text("python -m worker enroll ", timeout=10_000)
+            shown = page.locator("[data-role='pairing-code'] code").first
+            await expect(shown).to_contain_text("boss-worker enroll ", timeout=10_000)
+            in_a_clone = page.locator("[data-role='pairing-code'] code").nth(1)
+            await expect(in_a_clone).to_contain_text("python -m worker enroll ")
             first = await shown.inner_text()
             # A live event redraws the page (as the stream opening does): the code stays on it.
             await page.evaluate("render()")

@@ -29,7 +29,8 @@ async function renderDevices(view) {
 
 function showPairingCode(codeBox, code) {
   codeBox.replaceChildren(
-    "On the device: ", el("code", {}, `python -m worker enroll ${code.pairing_code}`),
+    "On the device: ", el("code", {}, `boss-worker enroll ${code.pairing_code}`),
+    ", or in a clone of Boss ", el("code", {}, `python -m worker enroll ${code.pairing_code}`),
     " (works once, until ", timeEl(code.expires_at), ")");
 }
 

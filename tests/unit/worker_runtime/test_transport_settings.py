@@ -59,7 +59,8 @@ def test_plaintext_to_a_remote_context_budget_is_refused_naming_the_settings(tmp
     assert str(error.value) == (
         "refusing to send this worker's credential in plaintext to grpc.boss.example:50051: turn TLS on "
         "(BOSS_GRPC_TLS=true, or BOSS_TLS_CA_FILE=<PEM file> for a private CA), or set "
-        "BOSS_WORKER_ALLOW_PLAINTEXT=true when the network is one you trust (a VPN, an SSH tunnel)"
+        "BOSS_WORKER_ALLOW_PLAINTEXT=true when the network is one you trust (a VPN; an SSH tunnel needs "
+        "nothing: its address here is loopback)"
     )
 
 
