@@ -325,9 +325,34 @@ def strategy_summary(threads: Sequence[ThreadView], scheduler_summary: str = "")
     if compacted:
         titles = ", ".join(v.title or v.thread_id for v in compacted)
         parts.append(f"Just compacted, waiting for their first reading: {titles}.")
-    if by_level["safe"]:
-        parts.append(f"Safe: {len(by_level['safe'])} thread(s) keep going; new subtasks go to them first.")
+    held = [(view, why) for view in by_level["safe"] if (why := _why_safe_is_held(view))]
+    if held:
+        listed = ", ".join(
+            f"{v.title or v.thread_id} ({v.budget.percent if v.budget else 0}%, {why})" for v, why in held
+        )
+        parts.append(f"Safe but taking no new work: {listed}.")
+    free = len(by_level["safe"]) - len(held)
+    if free:
+        parts.append(f"Safe: {free} thread(s) keep going; new subtasks go to them first.")
+    elif by_level["safe"]:
+        parts.append("No thread can take a new subtask now.")
     return " ".join(parts)
+
+
+def _why_safe_is_held(view: ThreadView) -> str:
+    """Why a safe thread takes no new subtask ("" when it may): it must finish before compaction
+    (CB-8), its handoff is under way, or its compaction is expected within COMPACTION_RISK_HORIZON
+    of its reading (the rule of context_budget's compaction_risk alert)."""
+    budget = view.budget
+    if budget is None:
+        return ""
+    if budget.must_finish_before_compaction:
+        return "it must finish its current work before compaction"
+    if view.handoff_status in (HANDOFF_REQUIRED, HANDOFF_READY):
+        return f"its handoff is {view.handoff_status}"
+    if at_risk(view, budget.captured_at):
+        return "compaction expected within 10 minutes: its handoff comes first"
+    return ""
 
 
 def name_threads_by_title(text: str, threads: Sequence[ThreadView]) -> str:

@@ -166,6 +166,30 @@ def test_a_thread_just_compacted_is_named_as_such_not_counted_safe() -> None:
     )
 
 
+def test_safe_threads_that_cannot_take_work_are_not_offered_for_new_subtasks() -> None:
+    soon = budget(67, "safe", expected_in=0.5)  # the reading predicts a compaction 30 s later
+    later = budget(90, "safe", expected_in=45)
+    finishing = budget(80, "safe", must_finish=True)
+    text = strategy_summary(
+        [
+            view("soon", soon),
+            view("later", later),
+            view("finishing", finishing),
+            view("handing", budget(75, "safe"), "ready"),
+        ]
+    )
+    assert text == (
+        "Safe but taking no new work: FINISHING (80%, it must finish its current work before compaction), "
+        "SOON (67%, compaction expected within 10 minutes: its handoff comes first), "
+        "HANDING (75%, its handoff is ready). "
+        "Safe: 1 thread(s) keep going; new subtasks go to them first."
+    )
+    assert strategy_summary([view("soon", soon)]) == (
+        "Safe but taking no new work: SOON (67%, compaction expected within 10 minutes: its handoff "
+        "comes first). No thread can take a new subtask now."
+    )
+
+
 @pytest.mark.parametrize(
     ("reading", "expected"),
     [
