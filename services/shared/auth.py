@@ -21,7 +21,9 @@ accepts `?access_token=`, since browsers cannot set headers on EventSource).
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +36,16 @@ import jwt
 from boss_common.bearer import bearer_metadata as bearer_metadata  # the services import it from here
 from services.shared.devices import revoked_error
 from services.shared.errors import PermissionDenied, Unauthenticated
+from services.shared.metrics import meter
 from services.shared.time import utc_now
+
+log = logging.getLogger(__name__)
+REFUSALS = meter.create_counter(
+    "boss.auth.refusals",
+    unit="{call}",
+    description="gRPC calls refused for their credential, by reason (TOKEN_MISSING, TOKEN_INVALID, "
+    "TOKEN_EXPIRED, DEVICE_REVOKED, ...)",
+)
 
 if TYPE_CHECKING:
     from services.shared.devices import DeviceRevocations
@@ -179,6 +190,7 @@ class TokenAuthority:
             raise ValueError("auth secret too short: use at least 32 bytes (RFC 7518 §3.2)")
         self._secret = secret
         self.revocations = revocations
+        self._revoked_logged: dict[str, float] = {}
 
     def issue(
         self,
@@ -305,6 +317,17 @@ class TokenAuthority:
             raise Unauthenticated("authorization must be 'Bearer <token>'", reason="TOKEN_MISSING")
         return self.verify(token.strip())
 
+    def _log_revoked_caller(self, message: str) -> None:
+        """Logs a revoked device's call, at most once a minute per message (which names the device)."""
+        now = time.monotonic()
+        last = self._revoked_logged.get(message)
+        if last is not None and now - last < 60.0:
+            return
+        if len(self._revoked_logged) > 1000:  # bounded, whatever number of devices keeps calling
+            self._revoked_logged.clear()
+        self._revoked_logged[message] = now
+        log.info("refused a call: %s", message)
+
     def verify_grpc(self, context: grpc.aio.ServicerContext) -> Principal:
         """Verifies the `authorization` metadata of a gRPC call. Raises Unauthenticated."""
         metadata = dict(context.invocation_metadata() or ())
@@ -313,8 +336,17 @@ class TokenAuthority:
     def authorize_grpc(self, context: grpc.aio.ServicerContext, scope: str, *kinds: str) -> Principal:
         """The caller of a gRPC call, who must carry `scope` and, when `kinds` are given, be of one
         of them ("worker", "client", "service"). Raises Unauthenticated (no or bad token) or
-        PermissionDenied (scope missing: SCOPE_MISSING; another kind: TOKEN_KIND_NOT_ALLOWED)."""
-        principal = self.verify_grpc(context)
+        PermissionDenied (scope missing: SCOPE_MISSING; another kind: TOKEN_KIND_NOT_ALLOWED).
+
+        A refused credential is counted (`boss.auth.refusals{reason}`); a revoked device still
+        calling is also logged, once a minute per device, so an operator sees who keeps trying."""
+        try:
+            principal = self.verify_grpc(context)
+        except Unauthenticated as error:
+            REFUSALS.add(1, {"reason": error.reason})
+            if error.reason == "DEVICE_REVOKED":
+                self._log_revoked_caller(error.message)
+            raise
         principal.require(scope)
         if kinds:
             principal.require_kind(*kinds)

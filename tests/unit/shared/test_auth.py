@@ -17,6 +17,7 @@ from services.shared.auth import (
 )
 from services.shared.devices import DeviceRevocations
 from services.shared.errors import PermissionDenied, Unauthenticated
+from tests.metrics_support import metric_value, scrape
 
 SECRET = "a-test-secret-of-enough-length-for-hs256"
 
@@ -133,3 +134,38 @@ def test_a_revoked_devices_token_is_refused_and_other_tokens_are_not() -> None:
     with pytest.raises(Unauthenticated):
         authority.check_not_revoked(principal)  # a principal verified before the revocation too
     assert authority.verify(automation_token).device_id == ""
+
+
+class CallContext:
+    """The part of a gRPC servicer context `authorize_grpc` reads."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),)
+
+
+async def test_refused_credentials_are_counted_and_a_revoked_device_is_logged_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    revocations = DeviceRevocations(["dev-9"])
+    authority = TokenAuthority(SECRET, revocations)
+    revoked = authority.issue_worker("w", "n", owner_id="alice", device_id="dev-9")
+    expired = authority.issue_client("alice", lifetime=timedelta(seconds=-1))
+    before = await scrape()
+    caplog.set_level("INFO", logger="services.shared.auth")
+    for token in (revoked, revoked, expired):
+        with pytest.raises(Unauthenticated):
+            authority.authorize_grpc(CallContext(token), SCOPE_CONTEXT_REPORT)  # type: ignore[arg-type]
+    after = await scrape()
+
+    def grown(reason: str) -> float:
+        name = "boss_auth_refusals_total"
+        return (metric_value(after, name, reason=reason) or 0) - (
+            metric_value(before, name, reason=reason) or 0
+        )
+
+    assert (grown("DEVICE_REVOKED"), grown("TOKEN_EXPIRED")) == (2, 1)
+    logged = [record.getMessage() for record in caplog.records if "refused a call" in record.getMessage()]
+    assert len(logged) == 1 and "dev-9" in logged[0]
