@@ -353,6 +353,8 @@ class StreamReporter:
         self._drained = asyncio.Event()
         self._drained.set()
         self._connected = asyncio.Event()
+        # When the stream stopped answering (monotonic seconds), None while it answers.
+        self._unreachable_since: float | None = None
         self._item_retries = 0
         self._channel: grpc.aio.Channel | None = None
         self._task: asyncio.Task[None] | None = None
@@ -446,6 +448,8 @@ class StreamReporter:
             self.stats.stream_failures += 1
             healthy = answered.is_set() or monotonic() - opened_at >= HEALTHY_STREAM_S
             failures = 1 if healthy else failures + 1
+            if not healthy and self._unreachable_since is None:
+                self._unreachable_since = opened_at  # said again when a stream answers
             delay = backoff_delay(failures, self._rand)
             self._log_failure(failures, code, details, delay, requeued, healthy=healthy)
             await asyncio.sleep(delay)
@@ -495,6 +499,13 @@ class StreamReporter:
             if not answered.is_set():
                 answered.set()
                 self._connected.set()
+                if self._unreachable_since is not None:
+                    log.info(
+                        "context_budget at %s answers again (after %.1f s); reporting resumes",
+                        self._target,
+                        monotonic() - self._unreachable_since,
+                    )
+                    self._unreachable_since = None
             self._on_response(response)
 
     async def _write_batches(self, call: Any) -> None:

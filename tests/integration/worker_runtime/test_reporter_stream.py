@@ -8,6 +8,7 @@ import asyncio
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from boss.context_budget.v1 import context_budget_pb2 as pb
 from sqlalchemy.exc import OperationalError
 
@@ -120,8 +121,9 @@ async def test_snapshots_submitted_around_a_server_restart_are_all_acked(
 
 
 async def test_the_agent_reconnects_and_reports_what_happened_while_the_server_was_down(
-    context_budget: ContextBudgetHarness, tmp_path: Path
+    context_budget: ContextBudgetHarness, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level("INFO", logger="worker.reporter")
     codex_home = tmp_path / "codex"
     threads = write_demo_codex_home(codex_home, utc_now(), threads=3)
     ids = [thread.codex_thread_id for thread in threads]
@@ -144,9 +146,17 @@ async def test_the_agent_reconnects_and_reports_what_happened_while_the_server_w
 
         await eventually(handed_over, what="the agent to hand over the new readings")
         assert running.reporter.unacked_count == 3
+        await eventually(
+            lambda: any("unreachable" in r.getMessage() for r in caplog.records),
+            timeout=20.0,
+            what="the outage said",
+        )
 
         await context_budget.start()
         await eventually(lambda: running.reporter.unacked_count == 0, timeout=20.0, what="acks after restart")
+        # The outage's end is said once, as its start was.
+        back = [r.getMessage() for r in caplog.records if "answers again" in r.getMessage()]
+        assert len(back) == 1 and "reporting resumes" in back[0]
 
         stored = await context_budget.stored_snapshot_ids()
         assert running.reporter.submitted_ids <= stored
