@@ -1,5 +1,5 @@
-"""Two replicas of every gRPC service against one PostgreSQL database, under a steady load of
-workers' reports, one replica of each killed (SIGKILL) midway.
+"""Two replicas of every service against one PostgreSQL database, under a steady load of workers'
+reports, one replica of each killed (SIGKILL) midway.
 
 context_budget A and B share their schema: the reporters send to both (thread-n to one of them) and
 switch to the other replica when theirs stops answering, as a worker behind a Service would. The
@@ -8,6 +8,9 @@ gRPC target naming both replicas of the upstream (the outbox is one, whichever r
 the target fails over as a Service would), into one shared cursor per stream: while both run they
 share the batches (a batch applied by the other replica meanwhile is detected and applied once:
 `EventConsumer.apply`), and the survivor carries on alone once its peer is killed.
+
+Two gateways each serve a person's SSE stream; the killed one's client is cut off (it would
+reconnect to the other behind a Service), the other's keeps seeing the rings move.
 
 Checked: every acknowledged report is stored exactly once; the scheduler and conversations end on
 every thread's very last reading and on the stream's last event; no log holds a traceback or a
@@ -23,15 +26,20 @@ import time
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 
+from services.shared.auth import TokenAuthority
 from tests.e2e.test_service_lifecycle import (
     EXPECTED_FAILURES,
+    OWNER,
+    SECRET,
     SENDERS,
     Database,
     ReportLoad,
     ServiceProcess,
     database,
+    gateway_ready,
     grow,
     latest_versions,
     serving,
@@ -84,6 +92,23 @@ class SpreadReportLoad(ReportLoad):
                 self.acked.add((thread_id, str(number)))
 
 
+async def count_indicator_events(gateway_url: str, seen: list[float]) -> None:
+    """Follows a gateway's SSE stream as the owner of the reported threads, adding the time of
+    every ring update (`conversation.context_indicator.updated`) to `seen`, until the stream ends or
+    the gateway dies."""
+    token = TokenAuthority(SECRET).issue_client(OWNER)
+    try:
+        async with (
+            httpx.AsyncClient(base_url=gateway_url, timeout=httpx.Timeout(5, read=120)) as http,
+            http.stream("GET", "/api/v1/events", headers={"Authorization": f"Bearer {token}"}) as response,
+        ):
+            async for line in response.aiter_lines():
+                if line == "event: conversation.context_indicator.updated":
+                    seen.append(time.monotonic())
+    except httpx.HTTPError:
+        return
+
+
 def both(replicas: list[ServiceProcess]) -> str:
     """One gRPC target for every replica of a service (as a Kubernetes Service gives)."""
     return "ipv4:" + ",".join(replica.address for replica in replicas)
@@ -122,7 +147,16 @@ async def test_two_replicas_of_each_service_lose_nothing_when_one_of_each_is_kil
         scheduler.peers["conversations"] = both(followers["conversations"])
     for conversations in followers["conversations"]:
         conversations.peers["scheduler"] = both(followers["scheduler"])
-    everything = [*budget, *followers["scheduler"], *followers["conversations"]]
+    gateways = [
+        ServiceProcess(
+            "bff_gateway",
+            database.url,
+            tmp_path / f"gateway_{r}.log",
+            peers={"conversations": both(followers["conversations"]), "context_budget": budget_target},
+        )
+        for r in "ab"
+    ]
+    everything = [*budget, *followers["scheduler"], *followers["conversations"], *gateways]
     try:
         # The first replica of each service migrates its schema; then the second ones start.
         for replica in (0, 1):
@@ -132,16 +166,31 @@ async def test_two_replicas_of_each_service_lose_nothing_when_one_of_each_is_kil
             for process in chosen:
                 await serving(process.address)
 
+        # Two gateways, a person's SSE stream on each (the gateway keeps no state of its own).
+        for gateway in gateways:
+            gateway.start()
+        for gateway in gateways:
+            await gateway_ready(f"http://{gateway.address}")
+        rings: list[list[float]] = [[], []]
+        streams = [
+            asyncio.ensure_future(count_indicator_events(f"http://{gateway.address}", seen))
+            for gateway, seen in zip(gateways, rings, strict=True)
+        ]
+
         load = SpreadReportLoad([replica.address for replica in budget])
         reporters = asyncio.ensure_future(load.run())
         await grow(load, 2.0)
+        assert rings[0] and rings[1], "both gateways' clients see the rings move"
 
         # One replica of each service killed under load; the others carry on.
-        for process in (budget[1], followers["scheduler"][0], followers["conversations"][1]):
+        killed = (budget[1], followers["scheduler"][0], followers["conversations"][1], gateways[0])
+        for process in killed:
             process.signal(signal.SIGKILL)
-        for process in (budget[1], followers["scheduler"][0], followers["conversations"][1]):
+        for process in killed:
             assert await process.ended(10) == -signal.SIGKILL
+        killed_at = time.monotonic()
         after_kill = await grow(load, 2.0)
+        await asyncio.wait_for(streams[0], 10)  # the dead gateway's client was cut off
         load.stop()
         await asyncio.wait_for(reporters, 30)
 
@@ -153,6 +202,9 @@ async def test_two_replicas_of_each_service_lose_nothing_when_one_of_each_is_kil
             while (progress := following_progress(database, name)) != (latest, head):
                 assert time.monotonic() < deadline, f"{name} stopped at {progress}; latest {latest}, {head}"
                 await asyncio.sleep(0.2)
+        # The surviving gateway's client kept seeing the rings move after the kills.
+        assert [t for t in rings[1] if t > killed_at], "no ring update reached the surviving gateway"
+        streams[1].cancel()
     finally:
         for process in everything:
             process.stop()
