@@ -259,7 +259,7 @@ def build_service(
         service_names=[GRPC_SERVICE_NAME],
         background=background,
         on_start=[load_revocations],
-        on_draining=[event_log.end_followers],
+        on_draining=[event_log.end_followers, servicer.end_report_streams],
         on_stop=[batcher.close, database.dispose],
         readiness_check=database.ping,
         authority=authority,

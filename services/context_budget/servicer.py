@@ -140,6 +140,19 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         self._event_log = event_log
         self._authority = authority
         self._page_tokens = page_tokens
+        # StreamThreadContext's request readers, ended by `end_report_streams` when the server stops.
+        self._readers: set[asyncio.Task[None]] = set()
+        self._draining = False
+
+    def end_report_streams(self) -> None:
+        """Ends every open StreamThreadContext as the server begins to stop (ServiceHost's
+        on_draining): no further message is read; those read are answered once committed, then
+        the stream ends with OK, so workers reconnect at once (to another replica behind a
+        Service) and re-send what was not acknowledged, instead of holding the shutdown for its
+        whole grace period."""
+        self._draining = True
+        for reader in list(self._readers):
+            reader.cancel()
 
     # --- ingest ---------------------------------------------------------------------------------
 
@@ -207,6 +220,10 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
         """StreamThreadContext's responses (see there)."""
         pending: asyncio.Queue[_PendingMessage | None] = asyncio.Queue(maxsize=MAX_IN_FLIGHT_PER_STREAM)
         reader = asyncio.create_task(self._read_stream(request_iterator, principal, pending))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
+        if self._draining:
+            reader.cancel()
         try:
             while True:
                 message = await pending.get()
@@ -232,6 +249,9 @@ class ContextBudgetServicer(pb_grpc.ContextBudgetServiceServicer):
             async for request in request_iterator:
                 await pending.put(self._accept_message(request, principal))
         except asyncio.CancelledError:
+            if self._draining:  # the server stops: answer what was read, then end the stream
+                await pending.put(None)
+                return
             raise  # the writer side is gone: nobody waits for the end marker
         except BaseException:
             await pending.put(None)

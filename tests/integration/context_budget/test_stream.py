@@ -182,3 +182,18 @@ async def test_a_stream_without_report_scope_is_refused(
             await call.read()
         assert raised.value.code() is code
         assert await call.code() is code
+
+
+async def test_a_stopping_server_ends_an_open_stream_after_answering_what_it_read(
+    service: ContextBudgetService, stub: pb_grpc.ContextBudgetServiceStub, tokens: Tokens
+) -> None:
+    stream = Stream(stub, tokens.worker)
+    answered = await stream.exchange(1, [snapshot("t-1", pct=80)])
+    assert answered.acks[0].accepted
+    # The server begins to stop (ServiceHost's on_draining): the worker's stream ends at once, with
+    # OK, instead of holding the shutdown for its grace period; the worker reconnects elsewhere.
+    service.servicer.end_report_streams()
+    async with asyncio.timeout(5):
+        assert await stream.call.read() is grpc.aio.EOF
+        assert await stream.call.code() is grpc.StatusCode.OK
+    assert await count_rows(service, thread_context_snapshots) == 1
