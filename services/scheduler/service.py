@@ -921,9 +921,11 @@ class SchedulerHandlers:
         another owner with the same names gets none): every unacknowledged one first, then new ones as their
         transactions commit (woken by the outbox sequencer, else every `poll_seconds`), and again any
         left unacknowledged for `redeliver_after`. Each is counted as delivered before it is yielded.
-        Runs until the caller stops iterating."""
+        Runs until the caller stops iterating, or until the process begins to stop
+        (`EventLog.end_followers`): the stream then ends normally, and the worker reconnects (to
+        another replica) and gets every command it has not acknowledged again."""
         first = True
-        while True:
+        while not self.event_log.followers_ended:
             seen = self.event_log.last_sequence
             marker = self.event_log.change_marker()
             now = self._clock()

@@ -287,6 +287,12 @@ class EventLog:
         if consumer and positions is not None:
             await positions.record(consumer, after_sequence, event_types=types)
 
+    @property
+    def followers_ended(self) -> bool:
+        """Whether `end_followers` was called: other long-lived readers of this process (e.g. the
+        scheduler's command streams) end on it too."""
+        return self._followers_ended
+
     def end_followers(self) -> None:
         """Ends every `follow_batches` of this process (now and later): each returns after what it
         already read, so a `WatchEvents` stream ends normally and its consumer reconnects, to

@@ -15,6 +15,7 @@ from grpc_status import rpc_status
 
 from services.scheduler.domain.model import SchedulerSettings
 from services.shared.errors import reason_of
+from services.shared.time import utc_now
 from tests.conftest import DatabaseTarget
 from tests.integration.scheduler.harness import Running, budget_payload, running_scheduler
 
@@ -272,6 +273,32 @@ async def test_commands_are_redelivered_until_acked_and_acks_are_checked(
             assert acked.command_status == pb.COMMAND_STATUS_ACKED
         remaining = await next_commands(running, 1)
         assert [c.command_id for c in remaining] == [first[3].command_id]
+
+
+async def test_a_stopping_scheduler_ends_the_command_stream_and_keeps_what_was_not_acked(
+    database_target: DatabaseTarget,
+) -> None:
+    async with running_scheduler(database_target) as running:
+        await running.publish(budget_payload(1, "critical", 10))
+        call = running.stub.StreamWorkerCommands(
+            pb.StreamWorkerCommandsRequest(worker_id="w1", node_id="n1"), metadata=running.worker("w1", "n1")
+        )
+        delivered = []
+        async with asyncio.timeout(10):
+            while len(delivered) < 4:
+                delivered.append((await call.read()).command)
+            # The process begins to stop (ServiceHost's on_draining): the stream ends, with OK,
+            # instead of holding the shutdown for its grace period.
+            running.app.event_log.end_followers()
+            assert await call.read() is grpc.aio.EOF
+            assert await call.code() is grpc.StatusCode.OK
+        # Nothing was acknowledged: every command waits for the next stream (another replica's).
+        handlers = running.app.handlers
+        async with handlers.database.read() as connection:
+            waiting = await handlers.repository.due_commands(
+                connection, "w1", "n1", utc_now(), include_delivered=True
+            )
+        assert [c.command_id for c in waiting] == [c.command_id for c in delivered]
 
 
 async def test_restart_mid_stream_loses_and_repeats_nothing(database_target: DatabaseTarget) -> None:
