@@ -329,6 +329,8 @@ class WorkerAgent:
                 continue
             if update.path != state.path and reading.captured_at < state.reading.captured_at:
                 continue
+            if reading.cwd and not state.reading.cwd and self._on_new_thread is not None:
+                self._on_new_thread(thread_id, reading, update.path)  # its folder is known now
             state.path = update.path
             state.reading = reading
             state.activity = update.last_activity

@@ -83,14 +83,25 @@ class ThreadRegistrar:
         self._owns_channel = channel is None
         self._pending: dict[str, ThreadToRegister] = {}
         self._wake = asyncio.Event()
+        self._registered_folders: dict[str, str] = {}
         self.registered: dict[str, str] = {}
         """thread id -> the project it was placed in, for every thread registered by this process."""
 
     def note(
         self, thread_id: str, *, codex_folder: str = "", codex_thread_ref: str = "", title: str = ""
     ) -> None:
-        """Queues a thread for registration unless it was registered already (cheap; no I/O)."""
-        if thread_id in self.registered or thread_id in self._pending:
+        """Queues a thread for registration unless it was registered already (cheap; no I/O).
+
+        A thread first seen before its working folder was known (a session file read while Codex
+        was still writing its first records) is registered again once the folder is known: without
+        it the thread can take no task, and its title stays its id."""
+        queued = self._pending.get(thread_id)
+        known = self._registered_folders.get(thread_id) if thread_id in self.registered else None
+        if queued is not None:
+            if codex_folder and not queued.codex_folder:
+                self._pending[thread_id] = ThreadToRegister(thread_id, codex_folder, codex_thread_ref, title)
+            return
+        if known is not None and (known or not codex_folder):
             return
         self._pending[thread_id] = ThreadToRegister(thread_id, codex_folder, codex_thread_ref, title)
         self._wake.set()
@@ -98,6 +109,15 @@ class ThreadRegistrar:
     async def register(self, thread: ThreadToRegister) -> str:
         """Registers one thread now; returns its project id. Raises grpc.aio.AioRpcError (e.g.
         PERMISSION_DENIED when the token belongs to another worker or node, UNAVAILABLE)."""
+        response = await self._call(thread)
+        self.registered[thread.thread_id] = response.project_id
+        self._registered_folders[thread.thread_id] = thread.codex_folder
+        if response.created:
+            log.info("registered thread %s as project %s", thread.thread_id, response.project_id)
+        return response.project_id
+
+    async def _call(self, thread: ThreadToRegister) -> pb.RegisterThreadResponse:
+        """The RegisterThread call for `thread`."""
         if self._channel is None:
             self._channel = open_channel(self._address, for_worker=True)
         stub = pb_grpc.ConversationsServiceStub(self._channel)
@@ -114,10 +134,7 @@ class ThreadRegistrar:
             metadata=self._metadata,
             timeout=RPC_TIMEOUT_SECONDS,
         )
-        self.registered[thread.thread_id] = response.project_id
-        if response.created:
-            log.info("registered thread %s as project %s", thread.thread_id, response.project_id)
-        return response.project_id
+        return response
 
     async def flush(self) -> int:
         """Registers every queued thread; returns how many are still waiting (after failures)."""
