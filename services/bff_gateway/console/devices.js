@@ -1,5 +1,5 @@
 // Boss web console: the devices page (#/devices). Lists the owner's enrolled devices, makes a
-// one-time pairing code for a new one (`python -m worker enroll CODE` on that device) and revokes a
+// one-time pairing code for a new one (`boss-worker enroll CODE` on that device) and revokes a
 // device: every service refuses its credential from then on. Uses app.js's `api` and `el`.
 
 async function renderDevices(view) {
@@ -11,11 +11,14 @@ async function renderDevices(view) {
   if (shown && Date.parse(shown.expires_at) > Date.now()) showPairingCode(codeBox, shown);
   const newCode = el("button", { type: "button", "data-action": "pairing-code" }, "New pairing code");
   newCode.addEventListener("click", async () => {
+    // The page may be redrawn while the code is asked for: the answer goes into the code box
+    // shown then, not into this one, which the redraw may have replaced.
+    const onPage = () => document.querySelector("[data-role='pairing-code']") || codeBox;
     try {
       state.pairingCode = await api("/api/v1/devices/pairing-codes", {});
-      showPairingCode(codeBox, state.pairingCode);
+      showPairingCode(onPage(), state.pairingCode);
     } catch (error) {
-      codeBox.replaceChildren(el("span", { class: "error" }, `No code: ${error.message}`));
+      onPage().replaceChildren(el("span", { class: "error" }, `No code: ${error.message}`));
     }
   });
   const rows = answer.devices.map((device) => deviceRow(device, view));
