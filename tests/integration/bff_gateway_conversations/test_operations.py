@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -36,9 +35,12 @@ async def gateway(stack: Stack) -> AsyncIterator[RunningGateway]:
 
 
 async def scrape(gateway: RunningGateway) -> str:
-    # Gateway apps of earlier tests in this process (reference cycles keep them until a collection)
-    # would still show their samplers' last readings, with the same `service="gateway"` label.
-    gc.collect()
+    # Gateway apps of other tests in this process (one still serving, or kept by reference cycles)
+    # would show their samplers' readings under the same `service="gateway"` label: a deployed
+    # process runs one gateway, so only this test's is kept.
+    for sampler in live_samplers("gateway"):
+        if sampler is not gateway.app.state.metrics_sampler:
+            sampler.close()
     response = await gateway.http.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
