@@ -351,7 +351,8 @@ def _why_safe_is_held(view: ThreadView) -> str:
     if view.handoff_status in (HANDOFF_REQUIRED, HANDOFF_READY):
         return f"its handoff is {view.handoff_status}"
     if at_risk(view, budget.captured_at):
-        return "compaction expected within 10 minutes: its handoff comes first"
+        minutes = round(COMPACTION_RISK_HORIZON.total_seconds() / 60)
+        return f"compaction expected within {minutes} minutes: its handoff comes first"
     return ""
 
 
