@@ -4,7 +4,8 @@ agents' calls (claim, start, heartbeat, finish) are grouped writes of `TaskWrite
 those that arrive together in one transaction, each kind applied by one statement on PostgreSQL
 (services/scheduler/tasks/writes.py, agent_writes.py).
 
-Commands: ApplyTaskRequests (the batch handler of the consumer of conversations' stream),
+Commands: ApplyTaskRequests (the batch handler of the consumer of conversations' stream; it hands
+a new task straight to a claim-and-start waiting on its node: services/scheduler/tasks/waiting_claims.py),
 ClaimTask (a long poll), StartTask, HeartbeatTask, FinishTask, and the sweep. Events published:
 `task.status_changed` (services/scheduler/README.md has its payload), one per status change, and
 one when a queued task's device is found offline or back (same status, new status_detail).
@@ -39,7 +40,12 @@ from services.scheduler.tasks.agent_writes import (
     Starts,
 )
 from services.scheduler.tasks.model import Task, TaskRequest, TaskSettings, TaskStatus
-from services.scheduler.tasks.repository import ClaimCall, LeaseCall, SqlAlchemyTaskRepository
+from services.scheduler.tasks.repository import (
+    ClaimCall,
+    LeaseCall,
+    RequestLookup,
+    SqlAlchemyTaskRepository,
+)
 from services.scheduler.tasks.rules import (
     CANCEL_TOO_LATE_DETAIL,
     CANCELLED_DETAIL,
@@ -49,12 +55,16 @@ from services.scheduler.tasks.rules import (
     check_finish,
     check_lease_call,
     check_wait,
+    claimed_by,
+    handed_to_waiting_claims,
     new_task,
     parse_cancel_request,
     parse_task_request,
     released_detail,
+    started,
 )
 from services.scheduler.tasks.sweep import decide
+from services.scheduler.tasks.waiting_claims import WaitingClaim, WaitingClaims
 from services.scheduler.tasks.wakeups import TaskWakeups
 from services.scheduler.tasks.writes import Grouped, TaskWrites, Written, status_changed_event
 from services.shared.auth import DEFAULT_OWNER_ID
@@ -106,6 +116,8 @@ class TaskHandlers:
         self._presence_written: dict[tuple[str, str], float] = {}
         self._nodes_to_wake: set[str] = set()
         self._releases: set[asyncio.Future[None]] = set()
+        self.waiting_claims = WaitingClaims()
+        self._offers: list[tuple[WaitingClaim, Task]] = []
         self.writes = TaskWrites(database, event_log, self.repository, wakeups, channel)
         self._claims = Claims(self.repository, settings.claim_lease, settings.run_lease)
         self._starts = Starts(self.repository, settings.run_lease)
@@ -135,6 +147,7 @@ class TaskHandlers:
         left alone by the insert (ON CONFLICT DO NOTHING) and that process's cursor move makes
         this batch roll back and skip it (EventConsumer), so nothing is published twice."""
         self._nodes_to_wake = set()
+        self._decline_offers()
         requests: dict[str, TaskRequest | RejectedRequest] = {}
         cancels: dict[str, str] = {}
         for event in events:
@@ -152,16 +165,23 @@ class TaskHandlers:
                     log.warning("event %s: task.requested without a usable task_id; skipped", event.sequence)
                 else:
                     requests.setdefault(request.task_id, request)
-        created = await self._new_tasks(connection, requests, cancels) if requests else []
+        created, found = await self._new_tasks(connection, requests, cancels) if requests else ([], None)
         created_ids = {task.task_id for task in created}
         changed = await self._apply_cancels(
             connection, {task_id: owner for task_id, owner in cancels.items() if task_id not in created_ids}
         )
         if not created:
             return [status_changed_event(task) for task in changed]
+        assert found is not None
+        steps = self._hand_to_waiting_claims(created, found)
+        created = [steps[task.task_id][-1] if task.task_id in steps else task for task in created]
         queued = sorted({task.device_id for task in created if task.status is TaskStatus.QUEUED})
         self._nodes_to_wake = set(queued) | {task.device_id for task in changed if task.terminal}
-        published = [status_changed_event(task) for task in (*changed, *created)]
+        published = [
+            status_changed_event(step)
+            for task in (*changed, *created)
+            for step in steps.get(task.task_id, (task,))
+        ]
         if self.repository.postgres:
             return Publication(published, self.repository.insertion(created, self.channel, queued))
         await self.repository.insert(connection, created)
@@ -172,11 +192,20 @@ class TaskHandlers:
         connection: AsyncConnection,
         requests: dict[str, TaskRequest | RejectedRequest],
         cancels: dict[str, str],
-    ) -> list[Task]:
+    ) -> tuple[list[Task], RequestLookup]:
         """The tasks of `requests` not stored yet, at database time (`new_task`; cancelled at
-        once when their owner's cancel is in `cancels`), each logged."""
+        once when their owner's cancel is in `cancels`), each logged, and what the lookup found
+        (the open threads asked for are those of the nodes with a waiting claim)."""
+        waited_on = [
+            r.target_thread_id
+            for r in requests.values()
+            if self.waiting_claims.count(r.owner_id, r.device_id)
+        ]
         found = await self.repository.lookup(
-            connection, list(requests), sorted({(r.owner_id, r.device_id) for r in requests.values()})
+            connection,
+            list(requests),
+            sorted({(r.owner_id, r.device_id) for r in requests.values()}),
+            sorted(set(waited_on)),
         )
         window = self.settings.presence_window
         created = [
@@ -200,7 +229,37 @@ class TaskHandlers:
                 task.device_id,
                 f": {task.status_detail}" if task.status_detail else "",
             )
-        return created
+        return created, found
+
+    def _hand_to_waiting_claims(self, created: list[Task], found: RequestLookup) -> dict[str, list[Task]]:
+        """Gives the new tasks that a claim waiting on their node may take
+        (`rules.handed_to_waiting_claims`) to those claims: each is stored claimed and started
+        under its claim's lease at the enqueue's database time. Returns, by task id, the task's
+        steps to publish (queued, claimed, running); the claims are answered after the commit
+        (`requests_committed`)."""
+        waiting = {
+            (task.owner_id, task.device_id): self.waiting_claims.count(task.owner_id, task.device_id)
+            for task in created
+        }
+        steps: dict[str, list[Task]] = {}
+        for task in handed_to_waiting_claims(created, found.open_threads, waiting):
+            claim = self.waiting_claims.take(task.owner_id, task.device_id)
+            assert claim is not None, "a waiting claim counted a moment ago is gone"
+            claimed = claimed_by(
+                task, claim.call.worker_id, claim.call.lease_id, found.now, self.settings.claim_lease
+            )
+            running = started(claimed, found.now, self.settings.run_lease)
+            steps[task.task_id] = [task, claimed, running]
+            self._offers.append((claim, running))
+            log.debug("task %s handed to the waiting claim of %s", task.task_id, claim.call.worker_id)
+        return steps
+
+    def _decline_offers(self) -> None:
+        """Declines the waiting claims an enqueue took without committing (it failed, or another
+        process applied its batch first): their long polls claim again."""
+        offers, self._offers = self._offers, []
+        for claim, _task in offers:
+            claim.decline()
 
     async def _apply_cancels(self, connection: AsyncConnection, cancels: dict[str, str]) -> list[Task]:
         """The owners' cancels of stored tasks (`cancels`: task id -> owner id): a queued or claimed
@@ -228,7 +287,13 @@ class TaskHandlers:
         return written
 
     def requests_committed(self) -> None:
-        """After a batch of requests committed: wakes the claims waiting for its nodes."""
+        """After a batch of requests committed: answers the waiting claims it handed tasks to (a
+        claim withdrawn meanwhile has its task put back in the queue), then wakes the claims
+        waiting for its nodes."""
+        offers, self._offers = self._offers, []
+        for claim, task in offers:
+            if not claim.offer(task):
+                self._release_later(task)
         nodes, self._nodes_to_wake = self._nodes_to_wake, set()
         self.wakeups.wake_nodes(nodes)
 
@@ -256,7 +321,30 @@ class TaskHandlers:
             remaining = deadline - self._monotonic()
             if task is not None or remaining <= 0:
                 return task
-            await wait_until_set(marker, remaining)
+            if not start:
+                await wait_until_set(marker, remaining)
+                continue
+            task = await self._wait_for_enqueue(
+                ClaimCall(node_id, worker_id, self._new_lease_id(), owner_id), marker, remaining
+            )
+            if task is not None:
+                log.debug("task %s claimed by %s on %s at its enqueue", task.task_id, worker_id, node_id)
+                return task
+
+    async def _wait_for_enqueue(self, call: ClaimCall, marker: asyncio.Event, seconds: float) -> Task | None:
+        """Waits as a `WaitingClaim` up to `seconds`: the task an enqueue handed to it (stored
+        running under `call.lease_id`), or None when `marker` woke it or time ran out. A caller
+        going away after the task was handed over puts it back in the queue."""
+        claim = self.waiting_claims.add(call)
+        try:
+            task = await claim.wait(marker, seconds)
+        except asyncio.CancelledError:
+            unanswered = self.waiting_claims.withdraw(claim)
+            if unanswered is not None:
+                self._release_later(unanswered)
+            raise
+        self.waiting_claims.withdraw(claim)
+        return task
 
     async def _claim_once(
         self, worker_id: str, node_id: str, owner_id: str = DEFAULT_OWNER_ID, start: bool = False
@@ -292,8 +380,12 @@ class TaskHandlers:
         if write.cancelled() or write.exception() is not None:
             return
         task = write.result()
-        if task is None:
-            return
+        if task is not None:
+            self._release_later(task)
+
+    def _release_later(self, task: Task) -> None:
+        """Puts `task` (started under a claim whose answer never reached its agent) back in the
+        queue in the background (`_release`)."""
         released = asyncio.ensure_future(self._release(task))
         self._releases.add(released)
         released.add_done_callback(self._releases.discard)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -41,7 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from services.scheduler.tasks.model import FailureKind, Task, TaskSettings, TaskStatus, TaskType
 from services.scheduler.tasks.rules import FinishOutcome
 from services.scheduler.tasks.sweep import SweepAction, SweepKind
-from services.scheduler.tasks.tables import tasks
+from services.scheduler.tasks.tables import OPEN_ONLY, tasks
 from services.shared.auth import DEFAULT_OWNER_ID
 from services.shared.sql_types import CarriedWrites, run_driver_sql
 
@@ -82,12 +82,14 @@ def _time_expression(postgres: bool, sign: str | None, name: str | None) -> str:
 
 @dataclass(frozen=True)
 class RequestLookup:
-    """What `lookup` found: database `now`, the task ids stored already, and each ever seen
-    device's last seen instant, by (owner_id, node_id)."""
+    """What `lookup` found: database `now`, the task ids stored already, each ever seen device's
+    last seen instant, by (owner_id, node_id), and which of the asked threads have an open
+    (queued, claimed or running) task."""
 
     now: datetime
     existing: set[str]
     last_seen: dict[tuple[str, str], datetime]
+    open_threads: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -415,12 +417,18 @@ _ASKED_POSTGRES = (
 _LOOKUP_POSTGRES = f"""
 SELECT now(), ARRAY(SELECT task_id FROM tasks WHERE task_id = ANY(%(ids)s)),
   ARRAY(SELECT owner_id {_ASKED_POSTGRES}), ARRAY(SELECT node_id {_ASKED_POSTGRES}),
-  ARRAY(SELECT last_seen_at {_ASKED_POSTGRES})"""
+  ARRAY(SELECT last_seen_at {_ASKED_POSTGRES}),
+  ARRAY(SELECT DISTINCT target_thread_id FROM tasks
+    WHERE target_thread_id = ANY(%(threads)s) AND {OPEN_ONLY})"""
 _PRESENCE_AND_NOW_SQLITE = f"""
 SELECT {_SQLITE_NOW.format(m="")}, p.owner_id, p.node_id, p.last_seen_at FROM (SELECT 1) AS one
   LEFT JOIN device_presence p ON (p.owner_id, p.node_id) IN
     (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:devices))"""
 _EXISTING_SQLITE = "SELECT task_id FROM tasks WHERE task_id IN (SELECT value FROM json_each(:ids))"
+_OPEN_THREADS_SQLITE = (
+    "SELECT DISTINCT target_thread_id FROM tasks "
+    f"WHERE target_thread_id IN (SELECT value FROM json_each(:threads)) AND {OPEN_ONLY}"
+)
 _NOTIFY = "SELECT pg_notify(%(channel)s, node) FROM unnest(%(nodes)s::text[]) AS node"
 
 
@@ -467,19 +475,32 @@ class SqlAlchemyTaskRepository:
     # ---- creation ------------------------------------------------------------------------------
 
     async def lookup(
-        self, connection: AsyncConnection, task_ids: Sequence[str], devices: Sequence[tuple[str, str]]
+        self,
+        connection: AsyncConnection,
+        task_ids: Sequence[str],
+        devices: Sequence[tuple[str, str]],
+        threads: Sequence[str] = (),
     ) -> RequestLookup:
         """What creating tasks needs to know: the database's current time, which of `task_ids`
-        are stored already, and the last seen instant of each of `devices` ((owner_id, node_id))
-        ever seen (PostgreSQL: one statement)."""
+        are stored already, the last seen instant of each of `devices` ((owner_id, node_id))
+        ever seen, and which of `threads` (target_thread_id) have an open task (PostgreSQL: one
+        statement)."""
         asked = orjson.dumps(sorted(set(devices))).decode()
+        open_threads: list[str] = []
         if self.postgres:
             rows = await run_driver_sql(
-                connection, _LOOKUP_POSTGRES, {"ids": list(task_ids), "devices": asked}
+                connection,
+                _LOOKUP_POSTGRES,
+                {"ids": list(task_ids), "devices": asked, "threads": list(threads)},
             )
-            now, existing, seen_owners, seen_nodes, seen_at = rows[0]
+            now, existing, seen_owners, seen_nodes, seen_at, open_threads = rows[0]
             seen = dict(zip(zip(seen_owners, seen_nodes, strict=True), seen_at, strict=True))
         else:
+            if threads:
+                result = await connection.exec_driver_sql(
+                    _OPEN_THREADS_SQLITE, {"threads": orjson.dumps(list(threads)).decode()}
+                )
+                open_threads = [row[0] for row in result.fetchall()]
             result = await connection.exec_driver_sql(_PRESENCE_AND_NOW_SQLITE, {"devices": asked})
             presence = [tuple(row) for row in result.fetchall()]
             now = presence[0][0]
@@ -495,6 +516,7 @@ class SqlAlchemyTaskRepository:
             instant,
             set(existing),
             {device: value for device, value in last_seen.items() if value is not None},
+            set(open_threads),
         )
 
     async def insert(self, connection: AsyncConnection, new_tasks: Sequence[Task]) -> set[str]:

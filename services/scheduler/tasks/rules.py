@@ -111,6 +111,58 @@ def claimable(entries: Iterable[QueueEntry], device_id: str) -> list[QueueEntry]
     ]
 
 
+def handed_to_waiting_claims(
+    created: Iterable[Task], open_threads: set[str], waiting: Mapping[tuple[str, str], int]
+) -> list[Task]:
+    """Of the tasks an enqueue creates (in creation order), those it hands straight to a claim
+    waiting on their node (`TaskHandlers.claim`), in order: queued tasks whose thread has no open
+    task stored (`open_threads`: the threads with a queued, claimed or running task before this
+    enqueue) and no earlier task in `created`, at most `waiting[(owner_id, device_id)]` per owner's
+    node. Such a task is what a claim of its node would take first among its thread's tasks, so
+    handing it over keeps every thread's order; the others stay queued for the claims to come."""
+    taken_threads: set[str] = set()
+    left = dict(waiting)
+    handed: list[Task] = []
+    for task in created:
+        if task.status is not TaskStatus.QUEUED:
+            continue  # created failed or cancelled: it holds no thread
+        thread = task.target_thread_id
+        first_of_thread = thread not in open_threads and thread not in taken_threads
+        taken_threads.add(thread)
+        device = (task.owner_id, task.device_id)
+        if not first_of_thread or left.get(device, 0) <= 0:
+            continue
+        left[device] -= 1
+        handed.append(task)
+    return handed
+
+
+def claimed_by(task: Task, worker_id: str, lease_id: str, now: datetime, claim_lease: timedelta) -> Task:
+    """`task` (queued) as a claim of `worker_id` under `lease_id` leaves it at database time `now`:
+    claimed, attempt + 1, the claim lease running out `claim_lease` after `now`, its status detail
+    and offline flag cleared (what the repository's claim statement writes)."""
+    return replace(
+        task,
+        status=TaskStatus.CLAIMED,
+        lease_id=lease_id,
+        attempt=task.attempt + 1,
+        worker_id=worker_id,
+        claimed_at=now,
+        lease_expires_at=now + claim_lease,
+        updated_at=now,
+        status_detail="",
+        device_offline=False,
+    )
+
+
+def started(task: Task, now: datetime, run_lease: timedelta) -> Task:
+    """`task` (claimed) as its start leaves it at database time `now`: running, the run lease
+    running out `run_lease` after `now` (what the repository's start statement writes)."""
+    return replace(
+        task, status=TaskStatus.RUNNING, started_at=now, lease_expires_at=now + run_lease, updated_at=now
+    )
+
+
 # ---- task requests -------------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ import pytest
 from boss.scheduler.v1 import scheduler_pb2 as pb
 from boss.scheduler.v1 import scheduler_pb2_grpc
 
+from services.scheduler.tasks.repository import ClaimCall
 from services.shared.auth import bearer_metadata
 from tests.conftest import DatabaseTarget
 from tests.integration.scheduler.tasks_harness import (
@@ -110,3 +111,86 @@ async def test_a_claim_waiting_on_another_scheduler_process_wakes_through_notify
                 assert second.task.task_id == "task-2"
         finally:
             await stop_scheduler(other, server, tasks)
+
+
+async def waiting_claim_and_start(
+    running: TaskScheduler, worker_id: str = "w1"
+) -> asyncio.Task[pb.ClaimTaskResponse]:
+    """A ClaimTask long poll asking to start its task, verified to be waiting in the scheduler."""
+    call = asyncio.create_task(running.claim(worker_id=worker_id, wait=WAIT, start=True))
+    async with asyncio.timeout(WAIT / 2):
+        while running.app.tasks.waiting_claims.count("owner-1", "n1") == 0:
+            await asyncio.sleep(0.01)
+    assert not call.done(), "the claim should be waiting"
+    return call
+
+
+async def test_the_enqueue_hands_its_task_to_a_waiting_claim_and_start_in_its_own_transaction(
+    database_target: DatabaseTarget,
+) -> None:
+    async with running_task_scheduler(database_target) as running:
+        call = await waiting_claim_and_start(running)
+        batches = running.app.tasks.writes.batches
+        await running.enqueue(task_request("task-1"))
+        async with asyncio.timeout(WAIT / 2):
+            response = await call
+        assert response.task.task_id == "task-1" and response.task.status == pb.TASK_STATUS_RUNNING
+        assert response.task.worker_id == "w1" and response.task.attempt == 1 and response.lease_id
+        # No write batch of its own: the enqueue's transaction claimed and started it.
+        assert running.app.tasks.writes.batches == batches
+        events = await running.status_events("task-1")
+        assert [event["status"] for event in events] == ["queued", "claimed", "running"]
+        stored = await running.get("task-1")
+        assert stored.status == pb.TASK_STATUS_RUNNING and stored.started_at == stored.claimed_at
+        # The answered lease is the task's: it beats and finishes.
+        await running.heartbeat("task-1", response.lease_id)
+        done = await running.finish("task-1", response.lease_id, reply_text="all green")
+        assert done.status == pb.TASK_STATUS_COMPLETED and done.reply_text == "all green"
+
+
+async def test_a_thread_busy_with_an_earlier_task_keeps_its_new_task_queued_for_the_waiting_claim(
+    database_target: DatabaseTarget,
+) -> None:
+    async with running_task_scheduler(database_target) as running:
+        await running.enqueue(task_request("first"))
+        first = await running.claim(start=True)
+        call = await waiting_claim_and_start(running, worker_id="w2")
+        await running.enqueue(task_request("second"))
+        await asyncio.sleep(0.3)
+        assert not call.done(), "a thread's second task must wait for its first"
+        assert (await running.get("second")).status == pb.TASK_STATUS_QUEUED
+        await running.finish("first", first.lease_id, reply_text="done")
+        async with asyncio.timeout(WAIT / 2):
+            response = await call
+        assert response.task.task_id == "second" and response.task.status == pb.TASK_STATUS_RUNNING
+
+
+async def test_a_task_handed_to_a_claim_that_stopped_waiting_goes_back_to_the_queue(
+    database_target: DatabaseTarget,
+) -> None:
+    async with running_task_scheduler(database_target) as running:
+        handlers = running.app.tasks
+        # A claim the enqueue takes while its long poll is ending (its answer refused from then on).
+        gone = handlers.waiting_claims.add(ClaimCall("n1", "w-gone", "lease-gone", "owner-1"))
+        gone.answer.cancel()
+        await running.enqueue(task_request("task-1"))
+        async with asyncio.timeout(WAIT / 2):
+            while (await running.get("task-1")).status != pb.TASK_STATUS_QUEUED:
+                await asyncio.sleep(0.02)
+        statuses = [event["status"] for event in await running.status_events("task-1")]
+        assert statuses == ["queued", "claimed", "running", "queued"]
+        assert "w-gone went away before it received this task" in (await running.get("task-1")).status_detail
+        claimed = await running.claim(start=True)
+        assert claimed.task.task_id == "task-1" and claimed.task.worker_id == "w1"
+
+
+async def test_a_waiting_claim_whose_caller_went_away_takes_nothing(database_target: DatabaseTarget) -> None:
+    async with running_task_scheduler(database_target) as running:
+        call = await waiting_claim_and_start(running)
+        call.cancel()
+        async with asyncio.timeout(WAIT / 2):
+            while running.app.tasks.waiting_claims.count("owner-1", "n1"):
+                await asyncio.sleep(0.01)
+        await running.enqueue(task_request("task-1"))
+        assert (await running.get("task-1")).status == pb.TASK_STATUS_QUEUED
+        assert [event["status"] for event in await running.status_events("task-1")] == ["queued"]
